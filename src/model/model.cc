@@ -1,0 +1,25 @@
+#include "model/model.h"
+
+namespace specinfer {
+
+float* Model::AllocateOwned(size_t count) {
+  owned_.push_back(std::make_unique<float[]>(count));
+  return owned_.back().get();
+}
+
+static size_t MatrixBytes(const WeightMatrix& m) {
+  return m.empty() ? 0 : static_cast<size_t>(m.rows) * RowBytes(m.type, m.cols);
+}
+
+size_t Model::WeightBytes() const {
+  size_t total = MatrixBytes(weights_.token_embedding);
+  if (weights_.output.data != weights_.token_embedding.data) total += MatrixBytes(weights_.output);
+  for (const LayerWeights& l : weights_.layers) {
+    for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_down, &l.w_up})
+      total += MatrixBytes(*m);
+    total += (l.attn_norm.size + l.ffn_norm.size + l.bq.size + l.bk.size + l.bv.size) * 4;
+  }
+  return total + weights_.final_norm.size * 4;
+}
+
+}  // namespace specinfer
