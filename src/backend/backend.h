@@ -1,0 +1,91 @@
+// The backend interface: a ModelRunner runs forward passes of one model on one device.
+//
+// A forward pass takes a ForwardBatch: new tokens of one or more sequences, each sequence's new
+// tokens attending to the sequence's committed KV entries plus a chosen subset of its own new
+// tokens. That subset is given per query row as packed bits, so one description covers every case:
+//   - decode:            one new token, mask "sees itself";
+//   - causal prefill:    a chain, mask lower-triangular (mask == nullptr means exactly this);
+//   - token-tree verify: tree nodes in depth-first order, each row sees its ancestors and itself
+//                        (SpecInfer's topology-aware causal mask).
+// The K/V of every new token is written to the sequence's slots [kv_prefix, kv_prefix + count)
+// (the caller Reserve()s them in the KvCacheManager first); rotary positions come from
+// `positions`, which for a tree are prefix + depth, not the layout order.
+//
+// Implementations: backend/cpu (the reference and fallback) and backend/cuda.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kv/kv_cache.h"
+#include "model/model.h"
+#include "specinfer/status.h"
+
+namespace specinfer {
+
+// Packed attention mask over a sequence's new tokens: row i, bit j (word j / 64, bit j % 64)
+// set means new token i may attend to new token j.
+struct TreeMask {
+  int32_t num_tokens = 0;
+  int32_t words_per_row = 0;     // ceil(num_tokens / 64)
+  std::vector<uint64_t> bits;    // [num_tokens, words_per_row]
+
+  static TreeMask Causal(int32_t n);
+  // parents[i] is the index of node i's parent among the new tokens, or -1 for a root (which sees
+  // only the committed prefix and itself). Requires parents[i] < i (depth-first order).
+  static TreeMask FromParents(std::span<const int32_t> parents);
+  bool Get(int32_t i, int32_t j) const {
+    return (bits[static_cast<size_t>(i) * words_per_row + j / 64] >> (j % 64)) & 1u;
+  }
+  void Set(int32_t i, int32_t j) {
+    bits[static_cast<size_t>(i) * words_per_row + j / 64] |= uint64_t{1} << (j % 64);
+  }
+};
+
+struct BatchSequence {
+  SeqId seq = 0;
+  int32_t token_begin = 0;   // index of its first token in ForwardBatch::tokens
+  int32_t token_count = 0;
+  int32_t kv_prefix = 0;     // committed KV entries every new token sees
+  const TreeMask* mask = nullptr;  // nullptr: causal among the new tokens
+};
+
+struct ForwardBatch {
+  std::vector<int32_t> tokens;         // [n]
+  std::vector<int32_t> positions;      // [n] rotary positions
+  std::vector<BatchSequence> seqs;     // tokens grouped per sequence, contiguous, in order
+  std::vector<int32_t> logit_rows;     // indices into tokens whose logits are wanted, [m]
+
+  int32_t size() const { return static_cast<int32_t>(tokens.size()); }
+  // Appends `count` tokens of one sequence.
+  void AddSequence(SeqId seq, std::span<const int32_t> toks, std::span<const int32_t> pos,
+                   int32_t kv_prefix, const TreeMask* mask);
+  // Checks internal consistency (sizes, ranges, mask dimensions).
+  Status Validate(int32_t vocab_size) const;
+};
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+
+  virtual const Model& model() const = 0;
+  virtual std::string name() const = 0;  // "cpu", "cuda:0"...
+
+  // Runs the batch; writes logits for batch.logit_rows into `logits` ([m, vocab], row-major).
+  // Writes K/V of every batch token into the slots `kv` assigns.
+  virtual Status Forward(const ForwardBatch& batch, const KvCacheManager& kv,
+                         std::span<float> logits) = 0;
+
+  // Copies the K/V entries of `seq` at positions src[i] to positions dst[i] (all layers), in
+  // order. Used to compact an accepted tree path into consecutive positions.
+  virtual Status MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,
+                        std::span<const int32_t> dst) = 0;
+
+  // Number of KV blocks this runner's storage was sized for.
+  virtual int32_t num_kv_blocks() const = 0;
+};
+
+}  // namespace specinfer

@@ -1,0 +1,73 @@
+#include "backend/cpu/matmul.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cassert>
+
+#include "backend/cpu/type_ops.h"
+
+namespace specinfer::cpu {
+
+bool SupportsType(DType t) {
+  const TypeOps* ops = GetTypeOps(t);
+  return ops != nullptr && ops->vec_dot != nullptr && ops->to_float != nullptr;
+}
+
+void GetRow(const WeightMatrix& w, int64_t r, float* dst) {
+  const TypeOps* ops = GetTypeOps(w.type);
+  assert(ops && ops->to_float);
+  ops->to_float(w.row(r), dst, w.cols);
+}
+
+void MatMul(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool& pool,
+            std::vector<uint8_t>& scratch) {
+  const int64_t rows = w.rows, cols = w.cols;
+  if (w.type == DType::kF32 && n > kBatchInvariantRows) {
+    openblas_set_num_threads(pool.num_threads());
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
+                static_cast<int>(rows), static_cast<int>(cols), 1.0f, x, static_cast<int>(cols),
+                static_cast<const float*>(w.data), static_cast<int>(cols), 0.0f, y,
+                static_cast<int>(rows));
+    return;
+  }
+
+  const TypeOps* ops = GetTypeOps(w.type);
+  assert(ops && ops->vec_dot);
+  // Convert the activations once, then dot every weight row with them in its stored format.
+  const uint8_t* act = reinterpret_cast<const uint8_t*>(x);
+  size_t act_row_bytes = static_cast<size_t>(cols) * sizeof(float);
+  if (ops->from_float != nullptr) {
+    act_row_bytes = RowBytes(ops->vec_dot_type, cols);
+    scratch.resize(act_row_bytes * n);
+    pool.ParallelFor(n, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t)
+        ops->from_float(x + t * cols, scratch.data() + t * act_row_bytes, cols);
+    }, 1);
+    act = scratch.data();
+  }
+
+  // Work unit: a strip of weight rows against every token, so the strip stays in cache while
+  // the tokens stream past it.
+  const int64_t strip = 16;
+  const int64_t strips = (rows + strip - 1) / strip;
+  auto vec_dot = ops->vec_dot;
+  // At least ~64K multiply-adds per chunk: below that, waking another thread costs more than
+  // it saves (a chunk count of 1 runs inline).
+  const int64_t strip_work = strip * cols * n;
+  const int64_t grain = std::max<int64_t>(
+      std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, strip_work)),
+      strips / (4 * pool.num_threads()));
+  pool.ParallelFor(strips, [&](int64_t sb, int64_t se) {
+    for (int64_t s = sb; s < se; ++s) {
+      const int64_t r0 = s * strip, r1 = std::min(rows, r0 + strip);
+      for (int64_t t = 0; t < n; ++t) {
+        const uint8_t* xa = act + t * act_row_bytes;
+        float* yt = y + t * rows;
+        for (int64_t r = r0; r < r1; ++r) yt[r] = vec_dot(cols, w.row(r), xa);
+      }
+    }
+  }, grain);
+}
+
+}  // namespace specinfer::cpu

@@ -1,0 +1,81 @@
+#include "backend/cpu/ops.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace specinfer::cpu {
+
+void RmsNorm(const float* x, const float* w, float* out, int64_t n, float eps) {
+  float ss = 0.0f;
+  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+  ss /= static_cast<float>(n);
+  ss += eps;
+  const float scale = 1.0f / std::sqrt(ss);
+  for (int64_t i = 0; i < n; ++i) out[i] = w[i] * (scale * x[i]);
+}
+
+RopeTable::RopeTable(int32_t head_dim, float theta, int32_t max_pos)
+    : head_dim_(head_dim), theta_(theta), max_pos_(max_pos) {
+  const int32_t half = head_dim / 2;
+  cos_.resize(static_cast<size_t>(max_pos) * half);
+  sin_.resize(cos_.size());
+  for (int32_t p = 0; p < max_pos; ++p) {
+    for (int32_t i = 0; i < half; ++i) {
+      float freq = 1.0f / std::pow(theta_, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+      float angle = static_cast<float>(p) * freq;
+      cos_[static_cast<size_t>(p) * half + i] = std::cos(angle);
+      sin_[static_cast<size_t>(p) * half + i] = std::sin(angle);
+    }
+  }
+}
+
+void RopeTable::Angle(int32_t pos, int32_t i, float* c, float* s) const {
+  if (pos < max_pos_) {
+    size_t k = static_cast<size_t>(pos) * (head_dim_ / 2) + i;
+    *c = cos_[k];
+    *s = sin_[k];
+    return;
+  }
+  float freq = 1.0f / std::pow(theta_, static_cast<float>(2 * i) / static_cast<float>(head_dim_));
+  float angle = static_cast<float>(pos) * freq;
+  *c = std::cos(angle);
+  *s = std::sin(angle);
+}
+
+void RopeTable::Apply(float* vec, int32_t num_heads, int32_t pos, RopeStyle style) const {
+  const int32_t half = head_dim_ / 2;
+  for (int32_t h = 0; h < num_heads; ++h) {
+    float* v = vec + static_cast<size_t>(h) * head_dim_;
+    for (int32_t i = 0; i < half; ++i) {
+      float c, s;
+      Angle(pos, i, &c, &s);
+      // Interleaved: pair (2i, 2i+1). Half: pair (i, i + half).
+      float* a = style == RopeStyle::kInterleaved ? &v[2 * i] : &v[i];
+      float* b = style == RopeStyle::kInterleaved ? &v[2 * i + 1] : &v[i + half];
+      float v0 = *a, v1 = *b;
+      *a = v0 * c - v1 * s;
+      *b = v0 * s + v1 * c;
+    }
+  }
+}
+
+void Softmax(float* x, int64_t n) {
+  float max = x[0];
+  for (int64_t i = 1; i < n; ++i) max = std::max(max, x[i]);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - max);
+    sum += x[i];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void SwiGlu(float* gate, const float* up, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float g = gate[i];
+    gate[i] = g * (1.0f / (1.0f + std::exp(-g))) * up[i];
+  }
+}
+
+}  // namespace specinfer::cpu

@@ -1,0 +1,39 @@
+// Element-wise and normalisation kernels of the Llama layer on the CPU (float32).
+// These are the reference semantics every other backend is checked against.
+#pragma once
+
+#include <cstdint>
+
+#include <vector>
+
+#include "model/model_config.h"
+
+namespace specinfer::cpu {
+
+// out[i] = x[i] * w[i] / sqrt(mean(x^2) + eps), for i < n. out may alias x.
+void RmsNorm(const float* x, const float* w, float* out, int64_t n, float eps);
+
+// Precomputed rotary cos/sin for positions [0, max_pos): [max_pos, head_dim / 2] each.
+class RopeTable {
+ public:
+  RopeTable() = default;
+  RopeTable(int32_t head_dim, float theta, int32_t max_pos);
+  // Rotates `num_heads` heads of `vec` ([num_heads, head_dim]) to position `pos`.
+  // Positions beyond the table are computed on the fly.
+  void Apply(float* vec, int32_t num_heads, int32_t pos, RopeStyle style) const;
+
+ private:
+  void Angle(int32_t pos, int32_t i, float* c, float* s) const;
+  int32_t head_dim_ = 0;
+  float theta_ = 10000.0f;
+  int32_t max_pos_ = 0;
+  std::vector<float> cos_, sin_;  // [max_pos, head_dim / 2]
+};
+
+// In place: x[i] = exp(x[i] - max) / sum, for i < n.
+void Softmax(float* x, int64_t n);
+
+// gate[i] = silu(gate[i]) * up[i], for i < n.
+void SwiGlu(float* gate, const float* up, int64_t n);
+
+}  // namespace specinfer::cpu

@@ -1,0 +1,31 @@
+// Per-DType CPU routines used by the matrix products: how to turn stored blocks into floats, and
+// the dot product between a weight row and an activation row.
+//
+// As in ggml, a quantized weight type is paired with an activation type (`vec_dot_type`): the
+// activations of a matrix product are converted once per call (e.g. to Q8_0 blocks), then every
+// weight row is dotted with them directly in quantized form, so no weight matrix is ever
+// dequantised as a whole.
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/dtype.h"
+
+namespace specinfer::cpu {
+
+struct TypeOps {
+  // Converts n elements (a multiple of the block size) to float32. src: RowBytes(t, n) bytes.
+  void (*to_float)(const void* src, float* dst, int64_t n) = nullptr;
+  // Type the activations are converted to before vec_dot.
+  DType vec_dot_type = DType::kF32;
+  // Converts n float32 activations to vec_dot_type. dst: RowBytes(vec_dot_type, n) bytes.
+  // nullptr when vec_dot_type is F32 (the activations are used as they are).
+  void (*from_float)(const float* src, void* dst, int64_t n) = nullptr;
+  // Returns sum_i w[i] * x[i] over n elements; w in this type, x in vec_dot_type.
+  float (*vec_dot)(int64_t n, const void* w, const void* x) = nullptr;
+};
+
+// The routines for `t`, or nullptr if the CPU backend cannot use weights of that type.
+const TypeOps* GetTypeOps(DType t);
+
+}  // namespace specinfer::cpu

@@ -1,0 +1,199 @@
+// The CPU runner against itself: tree-masked passes, batches and chunked prefill must give the
+// logits of plain incremental decoding. These are the properties speculative verification and
+// continuous batching rely on.
+#include "backend/cpu/cpu_runner.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "model/loader.h"
+#include "test_util.h"
+
+namespace specinfer {
+namespace {
+
+class CpuRunnerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto m = LoadModel(testing::Stories260KModel());
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    model_ = std::shared_ptr<Model>(std::move(m).value());
+    CpuRunnerOptions o;
+    o.num_threads = 2;
+    o.num_kv_blocks = 64;
+    o.kv_block_size = 16;
+    auto r = CpuModelRunner::Create(model_, o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    runner_ = std::move(r).value();
+    kv_ = std::make_unique<KvCacheManager>(64, 16);
+  }
+
+  int32_t vocab() const { return model_->config().vocab_size; }
+
+  // Prefills `tokens` into a new sequence in one pass; returns the sequence.
+  SeqId Prefill(const std::vector<int32_t>& tokens) {
+    SeqId s = kv_->AddSequence();
+    EXPECT_TRUE(kv_->Reserve(s, static_cast<int32_t>(tokens.size())).ok());
+    ForwardBatch b;
+    std::vector<int32_t> pos(tokens.size());
+    for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
+    b.AddSequence(s, tokens, pos, 0, nullptr);
+    std::vector<float> unused;
+    EXPECT_TRUE(runner_->Forward(b, *kv_, unused).ok());
+    return s;
+  }
+
+  // Feeds `tokens` one at a time after the sequence's current length; returns the logits after
+  // the last one.
+  std::vector<float> DecodeEach(SeqId s, const std::vector<int32_t>& tokens) {
+    std::vector<float> logits(vocab());
+    for (int32_t t : tokens) {
+      int32_t pos = kv_->Length(s);
+      EXPECT_TRUE(kv_->Reserve(s, pos + 1).ok());
+      ForwardBatch b;
+      b.AddSequence(s, std::span(&t, 1), std::span(&pos, 1), pos, nullptr);
+      b.logit_rows = {0};
+      EXPECT_TRUE(runner_->Forward(b, *kv_, logits).ok());
+    }
+    return logits;
+  }
+
+  std::shared_ptr<Model> model_;
+  std::unique_ptr<CpuModelRunner> runner_;
+  std::unique_ptr<KvCacheManager> kv_;
+};
+
+// A token tree in depth-first order: every node's logits from one masked pass equal those of
+// decoding its root-to-node path incrementally, bit for bit (the kernels are batch-invariant).
+TEST_F(CpuRunnerTest, TreePassEqualsIncrementalDecodingOfEachPath) {
+  const std::vector<int32_t> prefix = {1, 403, 407, 261, 378};
+  //        0
+  //      / | \
+  //     1  4  6
+  //    / \  \
+  //   2   3  5
+  const std::vector<int32_t> parents = {-1, 0, 1, 1, 0, 4, 0};
+  const std::vector<int32_t> tokens = {300, 301, 302, 303, 304, 305, 306};
+  const int32_t n = static_cast<int32_t>(tokens.size());
+
+  SeqId tree_seq = Prefill(prefix);
+  const int32_t P = static_cast<int32_t>(prefix.size());
+  ASSERT_TRUE(kv_->Reserve(tree_seq, P + n).ok());
+  TreeMask mask = TreeMask::FromParents(parents);
+  std::vector<int32_t> pos(n);
+  for (int32_t i = 0; i < n; ++i) {
+    int32_t depth = 0;
+    for (int32_t a = parents[i]; a >= 0; a = parents[a]) ++depth;
+    pos[i] = P + depth;
+  }
+  ForwardBatch b;
+  b.AddSequence(tree_seq, tokens, pos, P, &mask);
+  for (int32_t i = 0; i < n; ++i) b.logit_rows.push_back(i);
+  std::vector<float> tree_logits(static_cast<size_t>(n) * vocab());
+  ASSERT_TRUE(runner_->Forward(b, *kv_, tree_logits).ok());
+
+  for (int32_t i = 0; i < n; ++i) {
+    std::vector<int32_t> path;
+    for (int32_t a = i; a >= 0; a = parents[a]) path.insert(path.begin(), tokens[a]);
+    SeqId ref = Prefill(prefix);
+    std::vector<float> want = DecodeEach(ref, path);
+    kv_->RemoveSequence(ref);
+    for (int32_t v = 0; v < vocab(); ++v)
+      ASSERT_EQ(tree_logits[static_cast<size_t>(i) * vocab() + v], want[v])
+          << "node " << i << " vocab " << v;
+  }
+}
+
+// A chain given as an explicit tree mask equals causal prefill (mask == nullptr).
+TEST_F(CpuRunnerTest, ChainMaskEqualsCausal) {
+  const std::vector<int32_t> toks = {1, 403, 407, 261, 378, 290};
+  std::vector<int32_t> pos = {0, 1, 2, 3, 4, 5};
+  TreeMask chain = TreeMask::FromParents(std::vector<int32_t>{-1, 0, 1, 2, 3, 4});
+  std::vector<float> a(vocab()), b(vocab());
+  for (int with_mask = 0; with_mask < 2; ++with_mask) {
+    SeqId s = kv_->AddSequence();
+    ASSERT_TRUE(kv_->Reserve(s, 6).ok());
+    ForwardBatch batch;
+    batch.AddSequence(s, toks, pos, 0, with_mask ? &chain : nullptr);
+    batch.logit_rows = {5};
+    ASSERT_TRUE(runner_->Forward(batch, *kv_, with_mask ? b : a).ok());
+  }
+  EXPECT_EQ(a, b);
+}
+
+// Two sequences in one batch give the same logits as each run alone.
+TEST_F(CpuRunnerTest, BatchedSequencesEqualSeparateRuns) {
+  const std::vector<int32_t> p1 = {1, 403, 407}, p2 = {1, 290, 291, 292, 293};
+  std::vector<float> alone1(vocab()), alone2(vocab());
+  auto run_alone = [&](const std::vector<int32_t>& p, std::vector<float>& out) {
+    SeqId s = kv_->AddSequence();
+    ASSERT_TRUE(kv_->Reserve(s, static_cast<int32_t>(p.size())).ok());
+    ForwardBatch b;
+    std::vector<int32_t> pos(p.size());
+    for (size_t i = 0; i < p.size(); ++i) pos[i] = static_cast<int32_t>(i);
+    b.AddSequence(s, p, pos, 0, nullptr);
+    b.logit_rows = {static_cast<int32_t>(p.size()) - 1};
+    ASSERT_TRUE(runner_->Forward(b, *kv_, out).ok());
+  };
+  run_alone(p1, alone1);
+  run_alone(p2, alone2);
+
+  SeqId s1 = kv_->AddSequence(), s2 = kv_->AddSequence();
+  ASSERT_TRUE(kv_->Reserve(s1, 3).ok());
+  ASSERT_TRUE(kv_->Reserve(s2, 5).ok());
+  ForwardBatch b;
+  std::vector<int32_t> pos1 = {0, 1, 2}, pos2 = {0, 1, 2, 3, 4};
+  b.AddSequence(s1, p1, pos1, 0, nullptr);
+  b.AddSequence(s2, p2, pos2, 0, nullptr);
+  b.logit_rows = {2, 7};
+  std::vector<float> both(2 * vocab());
+  ASSERT_TRUE(runner_->Forward(b, *kv_, both).ok());
+  EXPECT_EQ(std::vector<float>(both.begin(), both.begin() + vocab()), alone1);
+  EXPECT_EQ(std::vector<float>(both.begin() + vocab(), both.end()), alone2);
+}
+
+// Moving accepted tree entries to consecutive positions leaves a cache equivalent to having
+// decoded the accepted path directly.
+TEST_F(CpuRunnerTest, MoveKvCompactsAnAcceptedPath) {
+  const std::vector<int32_t> prefix = {1, 403, 407};
+  const std::vector<int32_t> parents = {-1, 0, 0, 2};  // accepted path: nodes 0, 2, 3
+  const std::vector<int32_t> tokens = {300, 301, 302, 303};
+  SeqId s = Prefill(prefix);
+  ASSERT_TRUE(kv_->Reserve(s, 3 + 4).ok());
+  TreeMask mask = TreeMask::FromParents(parents);
+  std::vector<int32_t> pos = {3, 4, 4, 5};
+  ForwardBatch b;
+  b.AddSequence(s, tokens, pos, 3, &mask);
+  std::vector<float> unused;
+  ASSERT_TRUE(runner_->Forward(b, *kv_, unused).ok());
+  // Keep nodes 0, 2, 3 at positions 3, 4, 5.
+  std::vector<int32_t> src = {3 + 2, 3 + 3}, dst = {4, 5};
+  ASSERT_TRUE(runner_->MoveKv(*kv_, s, src, dst).ok());
+  kv_->Truncate(s, 6);
+  std::vector<float> after = DecodeEach(s, {304});
+
+  SeqId ref = Prefill(prefix);
+  std::vector<float> want = DecodeEach(ref, {300, 302, 303, 304});
+  EXPECT_EQ(after, want);
+}
+
+// Malformed batches are refused with a Status, not trusted.
+TEST_F(CpuRunnerTest, BadBatchesAreRejected) {
+  SeqId s = kv_->AddSequence();
+  ForwardBatch b;
+  std::vector<int32_t> t = {1}, p = {0};
+  b.AddSequence(s, t, p, 0, nullptr);
+  std::vector<float> logits(vocab());
+  // Not reserved.
+  EXPECT_EQ(runner_->Forward(b, *kv_, logits).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(kv_->Reserve(s, 1).ok());
+  b.tokens[0] = vocab();  // out of vocabulary
+  EXPECT_EQ(runner_->Forward(b, *kv_, logits).code(), StatusCode::kInvalidArgument);
+  b.tokens[0] = 1;
+  b.logit_rows = {3};
+  EXPECT_EQ(runner_->Forward(b, *kv_, logits).code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace specinfer
