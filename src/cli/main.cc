@@ -1,0 +1,153 @@
+// specinfer command-line entry point.
+//
+//   specinfer generate --model PATH [--tokenizer PATH] --prompt TEXT --max-tokens N
+//                      [--temperature T] [--top-k K] [--top-p P] [--seed S] [--json]
+//
+// Standard output carries only the generated continuation (streamed as it is produced), or with
+// --json one JSON object. Logs and errors go to standard error; failures exit non-zero.
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "engine/engine.h"
+
+namespace specinfer {
+namespace {
+
+struct GenerateArgs {
+  EngineOptions engine;
+  std::string prompt;
+  int32_t max_tokens = 256;
+  float temperature = 1.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  int64_t seed = -1;
+  bool json = false;
+};
+
+void AddEngineOptions(CLI::App* cmd, EngineOptions& o) {
+  cmd->add_option("-m,--model", o.model_path, "Model file (GGUF or llama2.c .bin)")->required();
+  cmd->add_option("--tokenizer", o.tokenizer_path,
+                  "Tokenizer file (llama2.c tokenizer.bin); default: the model's own, or "
+                  "tokenizer.bin beside a llama2.c model");
+  cmd->add_option("-t,--threads", o.num_threads, "CPU threads (0: all cores)")
+      ->check(CLI::Range(0, 1024));
+  cmd->add_option("-c,--context", o.context_length,
+                  "Context length (0: the model's own; may only shrink it)")
+      ->check(CLI::Range(0, 1 << 24));
+}
+
+int RunGenerate(const GenerateArgs& a) {
+  auto engine_or = Engine::Create(a.engine);
+  if (!engine_or.ok()) {
+    std::fprintf(stderr, "error: %s\n", engine_or.status().ToString().c_str());
+    return 1;
+  }
+  Engine& engine = **engine_or;
+  auto prompt_or = engine.EncodePrompt(a.prompt);
+  if (!prompt_or.ok()) {
+    std::fprintf(stderr, "error: %s\n", prompt_or.status().ToString().c_str());
+    return 1;
+  }
+
+  GenerateRequest req;
+  req.prompt_tokens = std::move(prompt_or).value();
+  req.max_new_tokens = a.max_tokens;
+  req.sampling.temperature = a.temperature;
+  req.sampling.top_k = a.top_k;
+  req.sampling.top_p = a.top_p;
+  req.sampling.seed = a.seed >= 0 ? static_cast<uint64_t>(a.seed) : std::random_device{}();
+  req.stop_tokens = engine.default_stop_tokens();
+
+  const Tokenizer& tok = engine.tokenizer();
+  Utf8StreamDecoder decoder;
+  std::string text;
+  int32_t prev = req.prompt_tokens.back();
+  auto on_token = [&](int32_t id) {
+    bool is_stop = std::find(req.stop_tokens.begin(), req.stop_tokens.end(), id) !=
+                   req.stop_tokens.end();
+    std::string piece = is_stop ? std::string() : decoder.Push(tok.TokenBytes(prev, id));
+    prev = id;
+    text += piece;
+    if (!a.json && !piece.empty()) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
+    return true;
+  };
+  auto result_or = engine.Generate(req, on_token);
+  if (!result_or.ok()) {
+    if (!a.json) std::fputc('\n', stdout);
+    std::fprintf(stderr, "error: %s\n", result_or.status().ToString().c_str());
+    return 1;
+  }
+  std::string tail = decoder.Flush();
+  text += tail;
+  const GenerateResult& r = *result_or;
+  if (a.json) {
+    nlohmann::json j;
+    j["text"] = text;
+    j["tokens"] = r.tokens;
+    j["prompt_tokens"] = req.prompt_tokens;
+    j["finish_reason"] = FinishReasonName(r.finish_reason);
+    j["seed"] = req.sampling.seed;
+    j["timing"] = {
+        {"prefill_seconds", r.stats.prefill_seconds},
+        {"decode_seconds", r.stats.decode_seconds},
+        {"prefill_tokens_per_second", r.stats.prefill_tokens_per_second()},
+        {"decode_tokens_per_second", r.stats.decode_tokens_per_second()},
+        {"forward_passes", r.stats.forward_passes},
+    };
+    // Invalid UTF-8 cannot occur in `text` (the stream decoder replaces it), so dump never throws.
+    std::cout << j.dump() << std::endl;
+  } else {
+    std::fwrite(tail.data(), 1, tail.size(), stdout);
+    std::fputc('\n', stdout);
+  }
+  spdlog::info("{} prompt tokens, {} generated; prefill {:.1f} tok/s, decode {:.1f} tok/s",
+               r.stats.prompt_tokens, r.stats.generated_tokens,
+               r.stats.prefill_tokens_per_second(), r.stats.decode_tokens_per_second());
+  return 0;
+}
+
+}  // namespace
+}  // namespace specinfer
+
+int main(int argc, char** argv) {
+  using namespace specinfer;
+  auto logger = spdlog::stderr_color_mt("specinfer");
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(spdlog::level::warn);
+
+  CLI::App app{"specinfer: LLM serving with tree-based speculative inference"};
+  app.require_subcommand(1);
+  std::string log_level = "warn";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+
+  GenerateArgs gen;
+  CLI::App* generate = app.add_subcommand("generate", "Generate a continuation of a prompt");
+  AddEngineOptions(generate, gen.engine);
+  generate->add_option("-p,--prompt", gen.prompt, "Prompt text (empty: BOS alone)");
+  generate->add_option("-n,--max-tokens", gen.max_tokens, "Maximum number of new tokens")
+      ->check(CLI::Range(0, 1 << 24));
+  generate->add_option("--temperature", gen.temperature, "Sampling temperature (0: greedy)")
+      ->check(CLI::Range(0.0f, 100.0f));
+  generate->add_option("--top-k", gen.top_k, "Keep the K most likely tokens (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  generate->add_option("--top-p", gen.top_p, "Nucleus sampling mass (1: off)")
+      ->check(CLI::Range(0.0f, 1.0f));
+  generate->add_option("--seed", gen.seed, "Random seed (default: random)");
+  generate->add_flag("--json", gen.json, "Print one JSON object with text, tokens and timings");
+
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  if (generate->parsed()) return RunGenerate(gen);
+  return 2;
+}

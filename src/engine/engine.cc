@@ -1,0 +1,85 @@
+#include "engine/engine.h"
+
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+
+#include "backend/cpu/cpu_runner.h"
+#include "model/loader.h"
+#include "tokenizer/llama2c_tokenizer.h"
+
+namespace specinfer {
+
+namespace {
+
+StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const EngineOptions& o, ModelFormat format,
+                                                   const Model& model) {
+  std::string path = o.tokenizer_path;
+  if (format == ModelFormat::kLlama2c && path.empty()) {
+    auto beside = std::filesystem::path(o.model_path).parent_path() / "tokenizer.bin";
+    if (!std::filesystem::exists(beside)) {
+      return NotFoundError("no tokenizer for llama2.c model '" + o.model_path +
+                           "': pass --tokenizer PATH (looked for " + beside.string() + ")");
+    }
+    path = beside.string();
+  }
+  if (format == ModelFormat::kLlama2c) {
+    SI_ASSIGN_OR_RETURN(auto tok, Llama2cTokenizer::Load(path, model.config().vocab_size));
+    return std::unique_ptr<Tokenizer>(std::move(tok));
+  }
+  return UnimplementedError("no tokenizer loader for this model format");
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
+  auto engine = std::unique_ptr<Engine>(new Engine());
+  SI_ASSIGN_OR_RETURN(ModelFormat format, DetectModelFormat(o.model_path));
+  SI_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, LoadModel(o.model_path));
+  if (o.context_length < 0) return InvalidArgumentError("context length must be >= 0");
+  if (o.context_length > 0 && o.context_length < model->config().max_seq_len) {
+    // A shorter context than the model's saves KV memory. (A longer one is refused: the model
+    // was not trained for it.)
+    model->set_context_length(o.context_length);
+  }
+  engine->model_ = std::shared_ptr<Model>(std::move(model));
+  SI_ASSIGN_OR_RETURN(engine->tokenizer_, LoadTokenizer(o, format, *engine->model_));
+
+  const ModelConfig& c = engine->model_->config();
+  if (o.kv_block_size <= 0 || o.max_sequences <= 0)
+    return InvalidArgumentError("kv block size and max sequences must be positive");
+  const int32_t blocks_per_seq = (c.max_seq_len + o.kv_block_size - 1) / o.kv_block_size;
+  CpuRunnerOptions ro;
+  ro.num_threads = o.num_threads;
+  ro.kv_block_size = o.kv_block_size;
+  ro.num_kv_blocks = blocks_per_seq * o.max_sequences;
+  SI_ASSIGN_OR_RETURN(auto runner, CpuModelRunner::Create(engine->model_, ro));
+  spdlog::info("loaded {} ({}), {} MiB of weights, backend {} with {} threads",
+               o.model_path, c.ToString(), engine->model_->WeightBytes() >> 20, runner->name(),
+               runner->num_threads());
+  engine->runner_ = std::move(runner);
+  engine->kv_ = std::make_unique<KvCacheManager>(ro.num_kv_blocks, ro.kv_block_size);
+
+  const Tokenizer& tok = *engine->tokenizer_;
+  if (tok.eos_id() >= 0) engine->stop_tokens_.push_back(tok.eos_id());
+  if (format == ModelFormat::kLlama2c && tok.bos_id() >= 0)
+    engine->stop_tokens_.push_back(tok.bos_id());
+  return engine;
+}
+
+StatusOr<std::vector<int32_t>> Engine::EncodePrompt(std::string_view text) const {
+  const Tokenizer& tok = *tokenizer_;
+  if (text.empty()) {
+    if (tok.bos_id() < 0) return InvalidArgumentError("empty prompt and the model has no BOS");
+    return std::vector<int32_t>{tok.bos_id()};
+  }
+  return tok.Encode(text, tok.add_bos_by_default());
+}
+
+StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& request,
+                                          const TokenCallback& on_token) {
+  Generator gen(*runner_, *kv_);
+  return gen.Generate(request, on_token);
+}
+
+}  // namespace specinfer

@@ -1,0 +1,56 @@
+// An Engine bundles what serving one model needs: the model, its tokenizer, a runner on a
+// backend and the KV cache. The CLI, the benchmarks and (later) the servers build on it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/generator.h"
+#include "kv/kv_cache.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace specinfer {
+
+struct EngineOptions {
+  std::string model_path;
+  // Empty: the tokenizer inside the model file (GGUF), or tokenizer.bin beside a llama2.c file.
+  std::string tokenizer_path;
+  int32_t num_threads = 0;     // 0: all hardware threads
+  int32_t context_length = 0;  // 0: the model's own
+  int32_t kv_block_size = 16;
+  int32_t max_sequences = 1;   // KV storage is sized for this many full-context sequences
+};
+
+class Engine {
+ public:
+  static StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options);
+
+  const Model& model() const { return *model_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  ModelRunner& runner() { return *runner_; }
+  KvCacheManager& kv() { return *kv_; }
+  int32_t context_length() const { return model_->config().max_seq_len; }
+
+  // Tokens that end generation by default: EOS, and for llama2.c models BOS too (llama2.c uses
+  // BOS as the delimiter between stories).
+  const std::vector<int32_t>& default_stop_tokens() const { return stop_tokens_; }
+
+  // Encodes a prompt as the model expects (BOS first when the model wants one). An empty prompt
+  // is BOS alone.
+  StatusOr<std::vector<int32_t>> EncodePrompt(std::string_view text) const;
+
+  StatusOr<GenerateResult> Generate(const GenerateRequest& request,
+                                    const TokenCallback& on_token = nullptr);
+
+ private:
+  std::shared_ptr<Model> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<KvCacheManager> kv_;
+  std::vector<int32_t> stop_tokens_;
+};
+
+}  // namespace specinfer

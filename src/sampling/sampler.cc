@@ -1,0 +1,107 @@
+#include "sampling/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace specinfer {
+
+Status SamplingParams::Validate() const {
+  if (!std::isfinite(temperature) || temperature < 0.0f || temperature > 100.0f)
+    return InvalidArgumentError("temperature must be in [0, 100], got " +
+                                std::to_string(temperature));
+  if (top_k < 0) return InvalidArgumentError("top_k must be >= 0, got " + std::to_string(top_k));
+  if (!std::isfinite(top_p) || top_p <= 0.0f || top_p > 1.0f)
+    return InvalidArgumentError("top_p must be in (0, 1], got " + std::to_string(top_p));
+  return Status::Ok();
+}
+
+int32_t Argmax(std::span<const float> logits) {
+  int32_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i)
+    if (logits[i] > logits[best]) best = static_cast<int32_t>(i);
+  return best;
+}
+
+void ComputeProbs(std::span<const float> logits, const SamplingParams& params,
+                  std::vector<float>& probs) {
+  const size_t n = logits.size();
+  probs.assign(n, 0.0f);
+  if (params.greedy()) {
+    probs[Argmax(logits)] = 1.0f;
+    return;
+  }
+  // Softmax of logits / T, in double for the normaliser.
+  const float inv_t = 1.0f / params.temperature;
+  float max = logits[0];
+  for (float v : logits) max = std::max(max, v);
+  double sum = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    float e = std::exp((logits[i] - max) * inv_t);
+    probs[i] = e;
+    sum += e;
+  }
+  const bool use_k = params.top_k > 0 && static_cast<size_t>(params.top_k) < n;
+  const bool use_p = params.top_p < 1.0f;
+  if (!use_k && !use_p) {
+    const float inv = static_cast<float>(1.0 / sum);
+    for (float& p : probs) p *= inv;
+    return;
+  }
+  // Order candidates by probability (ties by index, so the kept set is deterministic).
+  std::vector<int32_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  auto by_prob = [&](int32_t a, int32_t b) {
+    return probs[a] != probs[b] ? probs[a] > probs[b] : a < b;
+  };
+  size_t keep = use_k ? static_cast<size_t>(params.top_k) : n;
+  if (use_k) {
+    std::partial_sort(order.begin(), order.begin() + keep, order.end(), by_prob);
+  } else {
+    std::sort(order.begin(), order.end(), by_prob);
+  }
+  if (use_p) {
+    // Mass relative to what top-k kept.
+    double kept_mass = 0.0;
+    for (size_t i = 0; i < keep; ++i) kept_mass += probs[order[i]];
+    const double target = static_cast<double>(params.top_p) * kept_mass;
+    double acc = 0.0;
+    size_t cut = keep;
+    for (size_t i = 0; i < keep; ++i) {
+      acc += probs[order[i]];
+      if (acc >= target) {
+        cut = i + 1;
+        break;
+      }
+    }
+    keep = cut;
+  }
+  double kept = 0.0;
+  for (size_t i = 0; i < keep; ++i) kept += probs[order[i]];
+  std::vector<float> out(n, 0.0f);
+  const double inv = 1.0 / kept;
+  for (size_t i = 0; i < keep; ++i) out[order[i]] = static_cast<float>(probs[order[i]] * inv);
+  probs.swap(out);
+}
+
+int32_t SampleFromProbs(std::span<const float> probs, Rng& rng) {
+  const double u = rng.Uniform();
+  double acc = 0.0;
+  int32_t last_nonzero = 0;
+  for (size_t i = 0; i < probs.size(); ++i) {
+    if (probs[i] <= 0.0f) continue;
+    acc += probs[i];
+    last_nonzero = static_cast<int32_t>(i);
+    if (u < acc) return last_nonzero;
+  }
+  return last_nonzero;
+}
+
+int32_t SampleToken(std::span<const float> logits, const SamplingParams& params, Rng& rng,
+                    std::vector<float>& scratch) {
+  if (params.greedy()) return Argmax(logits);
+  ComputeProbs(logits, params, scratch);
+  return SampleFromProbs(scratch, rng);
+}
+
+}  // namespace specinfer

@@ -1,0 +1,106 @@
+#include "sampling/sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+
+namespace specinfer {
+namespace {
+
+std::vector<float> Logits() { return {1.0f, 3.0f, 2.0f, 0.5f, 2.5f}; }
+
+TEST(Sampler, GreedyIsArgmaxAndOneHot) {
+  SamplingParams p;
+  p.temperature = 0;
+  std::vector<float> probs;
+  ComputeProbs(Logits(), p, probs);
+  EXPECT_EQ(probs, (std::vector<float>{0, 1, 0, 0, 0}));
+  Rng rng(1);
+  EXPECT_EQ(SampleToken(Logits(), p, rng, probs), 1);
+}
+
+TEST(Sampler, TemperatureSoftmax) {
+  SamplingParams p;
+  p.temperature = 2.0f;
+  std::vector<float> probs;
+  auto l = Logits();
+  ComputeProbs(l, p, probs);
+  double z = 0;
+  for (float v : l) z += std::exp(v / 2.0);
+  for (size_t i = 0; i < l.size(); ++i) EXPECT_NEAR(probs[i], std::exp(l[i] / 2.0) / z, 1e-6);
+}
+
+TEST(Sampler, TopKKeepsTheKLargestRenormalised) {
+  SamplingParams p;
+  p.top_k = 2;
+  std::vector<float> probs;
+  ComputeProbs(Logits(), p, probs);
+  double e3 = std::exp(3.0), e25 = std::exp(2.5);
+  EXPECT_NEAR(probs[1], e3 / (e3 + e25), 1e-6);
+  EXPECT_NEAR(probs[4], e25 / (e3 + e25), 1e-6);
+  EXPECT_EQ(probs[0] + probs[2] + probs[3], 0.0f);
+}
+
+TEST(Sampler, TopPKeepsTheSmallestPrefixReachingP) {
+  // Probabilities 0.5, 0.3, 0.15, 0.05: top_p 0.75 keeps the first two (0.8 >= 0.75).
+  std::vector<float> l = {std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
+  SamplingParams p;
+  p.top_p = 0.75f;
+  std::vector<float> probs;
+  ComputeProbs(l, p, probs);
+  EXPECT_NEAR(probs[0], 0.5 / 0.8, 1e-6);
+  EXPECT_NEAR(probs[1], 0.3 / 0.8, 1e-6);
+  EXPECT_EQ(probs[2], 0.0f);
+  EXPECT_EQ(probs[3], 0.0f);
+}
+
+TEST(Sampler, SeededDrawsAreRepeatable) {
+  SamplingParams p;
+  p.seed = 42;
+  std::vector<float> probs;
+  Rng a(7), b(7);
+  for (int i = 0; i < 100; ++i)
+    EXPECT_EQ(SampleToken(Logits(), p, a, probs), SampleToken(Logits(), p, b, probs));
+}
+
+// Draw 200k samples and check each frequency against its probability with a 5-sigma bound.
+TEST(Sampler, DrawFrequenciesMatchTheDistribution) {
+  SamplingParams p;
+  p.temperature = 0.8f;
+  p.top_k = 4;
+  std::vector<float> probs;
+  auto l = Logits();
+  ComputeProbs(l, p, probs);
+  const int kDraws = 200000;
+  std::vector<int> counts(l.size(), 0);
+  Rng rng(123);
+  for (int i = 0; i < kDraws; ++i) ++counts[SampleFromProbs(probs, rng)];
+  for (size_t i = 0; i < l.size(); ++i) {
+    double expect = probs[i] * kDraws;
+    double sigma = std::sqrt(kDraws * probs[i] * (1 - probs[i]));
+    EXPECT_NEAR(counts[i], expect, 5 * sigma + 1e-9) << "token " << i;
+  }
+}
+
+TEST(Sampler, ValidateRejectsOutOfRange) {
+  SamplingParams p;
+  p.temperature = -1;
+  EXPECT_EQ(p.Validate().code(), StatusCode::kInvalidArgument);
+  p = {};
+  p.temperature = NAN;
+  EXPECT_FALSE(p.Validate().ok());
+  p = {};
+  p.top_p = 0;
+  EXPECT_FALSE(p.Validate().ok());
+  p = {};
+  p.top_p = 1.5f;
+  EXPECT_FALSE(p.Validate().ok());
+  p = {};
+  p.top_k = -3;
+  EXPECT_FALSE(p.Validate().ok());
+  EXPECT_TRUE(SamplingParams{}.Validate().ok());
+}
+
+}  // namespace
+}  // namespace specinfer
