@@ -1,0 +1,233 @@
+// vec_dot for every supported weight type and kernel set:
+//  - AVX2 agrees with the scalar reference up to float summation order;
+//  - both agree with the exact (double) dot product of the dequantised weights and the
+//    dequantised activations they were given;
+//  - against the original float activations, the error stays within what the activation
+//    quantisation accounts for (sum_i |w_i| * |x_i - xq_i|).
+// Over lengths from one block to 4096, including odd block counts and, for the float types,
+// lengths that are not a multiple of the vector width.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/quants.h"
+#include "model/gguf.h"
+#include "quant_random.h"
+#include "quant_vectors.h"
+
+namespace specinfer {
+namespace {
+
+using testing::AvailableIsas;
+using testing::IsaName;
+
+constexpr double kU = 1.0 / (1 << 24);  // float32 unit roundoff
+
+std::vector<int64_t> Lengths(DType t) {
+  std::vector<int64_t> n = {32, 64, 96, 160, 288, 576, 1536, 2080, 4064, 4096};
+  if (!IsQuantized(t)) {
+    for (int64_t m : {1, 3, 8, 15, 31, 33, 47, 577, 1000, 4095}) n.push_back(m);
+  }
+  return n;
+}
+
+struct Case {
+  std::vector<uint8_t> w;   // weight row
+  std::vector<float> x;     // original activations
+  std::vector<uint8_t> xq;  // activations as vec_dot_type (bytes of x when that is F32)
+  std::vector<float> wf;    // dequantised weights
+  std::vector<float> xf;    // dequantised activations
+};
+
+Case MakeCase(DType t, int64_t n, std::mt19937& rng) {
+  const cpu::TypeOps* ops = cpu::GetTypeOpsForIsa(t, cpu::KernelIsa::kScalar);
+  Case c;
+  c.w = testing::RandomRow(t, n, rng);
+  c.x = testing::RandomActivations(n, rng);
+  c.wf.resize(n);
+  ops->to_float(c.w.data(), c.wf.data(), n);
+  if (ops->vec_dot_type == DType::kF32) {
+    c.xq.resize(n * sizeof(float));
+    std::memcpy(c.xq.data(), c.x.data(), c.xq.size());
+    c.xf = c.x;
+  } else {
+    c.xq.resize(RowBytes(ops->vec_dot_type, n));
+    ops->from_float(c.x.data(), c.xq.data(), n);
+    c.xf.resize(n);
+    cpu::GetTypeOpsForIsa(ops->vec_dot_type, cpu::KernelIsa::kScalar)
+        ->to_float(c.xq.data(), c.xf.data(), n);
+  }
+  return c;
+}
+
+// For Q4_1/Q5_1 weights the kernel uses s = fp16(d_x * sum q_x) for the m term; returns
+// sum_b |m_b| * |s_b - d_b * sum_b q|, the part of the result that dequantised values miss.
+double MinTermSlack(DType t, const Case& c, int64_t n) {
+  if (!testing::HasMinField(t)) return 0.0;
+  const size_t wb = GetDTypeTraits(t).block_bytes;
+  const auto* xb = reinterpret_cast<const cpu::BlockQ8_1*>(c.xq.data());
+  double slack = 0.0;
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const double m = testing::GetHalf(c.w.data() + b * wb + 2);
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) sum += xb[b].qs[j];
+    const double exact_s = static_cast<double>(Fp16ToFp32(xb[b].d)) * sum;
+    slack += std::fabs(m) * std::fabs(static_cast<double>(Fp16ToFp32(xb[b].s)) - exact_s);
+  }
+  return slack;
+}
+
+TEST(VecDotTest, KernelsAgreeWithExactDotAndEachOther) {
+  std::mt19937 rng(1234);
+  const std::vector<cpu::KernelIsa> isas = AvailableIsas();
+  if (isas.size() < 2) std::printf("note: no AVX2 on this CPU; checking the scalar kernels only\n");
+  for (DType t : testing::SupportedWeightTypes()) {
+    for (int64_t n : Lengths(t)) {
+      SCOPED_TRACE(std::string(DTypeName(t)) + " n=" + std::to_string(n));
+      const Case c = MakeCase(t, n, rng);
+      double exact = 0, abs_terms = 0, vs_float = 0, quant_err = 0, quant_bound = 0, step_bound = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        exact += static_cast<double>(c.wf[i]) * c.xf[i];
+        abs_terms += std::fabs(static_cast<double>(c.wf[i]) * c.xf[i]);
+        vs_float += static_cast<double>(c.wf[i]) * c.x[i];
+        quant_err += std::fabs(static_cast<double>(c.wf[i])) * std::fabs(c.x[i] - c.xf[i]);
+        if (i % 32 == 0) {  // half a quantisation step of this block, with fp16 slack on d
+          float amax = 0;
+          for (int64_t j = i; j < std::min(n, i + 32); ++j)
+            amax = std::max(amax, std::fabs(c.x[j]));
+          step_bound = amax / 127.0 * (0.5 + 127.0 / 2048);
+        }
+        quant_bound += std::fabs(static_cast<double>(c.wf[i])) * step_bound;
+      }
+      const double slack = MinTermSlack(t, c, n);
+      // Rounding: dequantised Q4_1/Q5_1 weights are rounded (d*q + m), and the kernels sum in
+      // float32: at most (terms + a few) unit roundoffs of the absolute sum.
+      const double steps = static_cast<double>(IsQuantized(t) ? n / 32 : n) + 8;
+      const double tol = slack + (steps + 8) * kU * 2 * abs_terms + 1e-30;
+      float results[2] = {0, 0};
+      for (size_t k = 0; k < isas.size(); ++k) {
+        const cpu::TypeOps* ops = cpu::GetTypeOpsForIsa(t, isas[k]);
+        // Offset the row so nothing relies on more than the type's natural alignment.
+        const size_t shift = t == DType::kF32 ? 4 : 2;
+        std::vector<uint8_t> wbuf(c.w.size() + shift), xbuf(c.xq.size() + 4);
+        std::memcpy(wbuf.data() + shift, c.w.data(), c.w.size());
+        std::memcpy(xbuf.data() + 4, c.xq.data(), c.xq.size());
+        results[k] = ops->vec_dot(n, wbuf.data() + shift, xbuf.data() + 4);
+        EXPECT_NEAR(results[k], exact, tol) << IsaName(isas[k]);
+        // Against the unquantised activations: within the activation quantisation error.
+        EXPECT_NEAR(results[k], vs_float, quant_err + tol) << IsaName(isas[k]);
+      }
+      if (isas.size() == 2) {
+        EXPECT_NEAR(results[0], results[1], 2 * tol);
+      }
+      if (cpu::GetTypeOpsForIsa(t, cpu::KernelIsa::kScalar)->vec_dot_type != DType::kF32) {
+        // The quantisation error itself is at most half a step (amax/254) per activation.
+        EXPECT_LE(quant_err, quant_bound);
+      }
+    }
+  }
+}
+
+// Largest magnitudes everywhere: int8 products must not saturate in the 16-bit pair sums.
+TEST(VecDotTest, ExtremeQuantsDoNotOverflow) {
+  const std::vector<cpu::KernelIsa> isas = AvailableIsas();
+  for (DType t : testing::SupportedWeightTypes()) {
+    if (!IsQuantized(t)) continue;
+    for (int pattern = 0; pattern < 4; ++pattern) {
+      SCOPED_TRACE(std::string(DTypeName(t)) + " pattern " + std::to_string(pattern));
+      const int64_t n = 256;
+      std::vector<uint8_t> w(RowBytes(t, n));
+      const size_t bb = GetDTypeTraits(t).block_bytes;
+      // Quant bytes all 0x00 / 0xFF / 0x80 / 0x7F, scales 1 (and m = 0.5).
+      const uint8_t fill[4] = {0x00, 0xFF, 0x80, 0x7F};
+      std::fill(w.begin(), w.end(), fill[pattern]);
+      for (size_t off = 0; off < w.size(); off += bb) {
+        testing::PutHalf(w.data() + off, 1.0f);
+        if (testing::HasMinField(t)) testing::PutHalf(w.data() + off + 2, 0.5f);
+        if (t == DType::kQ8_1) testing::PutHalf(w.data() + off + 2, 0.0f);
+      }
+      // Activations at the extremes: +-amax everywhere, signs alternating by pattern.
+      std::vector<float> x(n);
+      for (int64_t i = 0; i < n; ++i) x[i] = ((i + pattern) % 3 == 0) ? -3.0f : 3.0f;
+      const cpu::TypeOps* s_ops = cpu::GetTypeOpsForIsa(t, cpu::KernelIsa::kScalar);
+      std::vector<uint8_t> xq(RowBytes(s_ops->vec_dot_type, n));
+      s_ops->from_float(x.data(), xq.data(), n);
+      std::vector<float> wf(n), xf(n);
+      s_ops->to_float(w.data(), wf.data(), n);
+      cpu::GetTypeOpsForIsa(s_ops->vec_dot_type, cpu::KernelIsa::kScalar)
+          ->to_float(xq.data(), xf.data(), n);
+      double exact = 0, abs_terms = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        exact += static_cast<double>(wf[i]) * xf[i];
+        abs_terms += std::fabs(static_cast<double>(wf[i]) * xf[i]);
+      }
+      for (cpu::KernelIsa isa : isas) {
+        const float got = cpu::GetTypeOpsForIsa(t, isa)->vec_dot(n, w.data(), xq.data());
+        // Q4_1/Q5_1 use s = fp16(d * sum q): relative error 2^-11 on the m term.
+        const double tol = 1e-6 * abs_terms + (testing::HasMinField(t) ? 1e-3 * abs_terms : 0);
+        EXPECT_NEAR(got, exact, tol) << IsaName(isa);
+      }
+    }
+  }
+}
+
+// Batch invariance: a row's dot product does not depend on where the row sits in memory or on
+// what precedes it (the kernels keep no state).
+TEST(VecDotTest, Deterministic) {
+  std::mt19937 rng(99);
+  for (cpu::KernelIsa isa : AvailableIsas()) {
+    for (DType t : testing::SupportedWeightTypes()) {
+      const Case c = MakeCase(t, 576, rng);
+      const cpu::TypeOps* ops = cpu::GetTypeOpsForIsa(t, isa);
+      const float a = ops->vec_dot(576, c.w.data(), c.xq.data());
+      const float b = ops->vec_dot(576, c.w.data(), c.xq.data());
+      EXPECT_EQ(std::bit_cast<uint32_t>(a), std::bit_cast<uint32_t>(b)) << DTypeName(t);
+    }
+  }
+}
+
+// Real weights: rows of the SmolLM2 file's Q8_0 embedding and Q4_1 projections, dotted with random
+// activations, against the exact dot product of the dequantised rows.
+TEST(VecDotTest, RealModelRows) {
+  const std::string path = testing::SourcePath("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "model not present: " << path;
+  StatusOr<std::unique_ptr<GgufFile>> f = GgufFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  std::mt19937 rng(17);
+  for (const char* name : {"token_embd.weight", "blk.0.attn_q.weight", "blk.7.attn_k.weight",
+                           "blk.15.ffn_down.weight", "blk.29.ffn_up.weight"}) {
+    StatusOr<WeightMatrix> m = (*f)->GetWeightMatrix(name);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    const int64_t n = m->cols;
+    const cpu::TypeOps* ops = cpu::GetTypeOpsForIsa(m->type, cpu::KernelIsa::kScalar);
+    ASSERT_NE(ops, nullptr) << name;
+    const std::vector<float> x = testing::RandomActivations(n, rng);
+    std::vector<uint8_t> xq(RowBytes(ops->vec_dot_type, n));
+    ops->from_float(x.data(), xq.data(), n);
+    std::vector<float> xf(n), wf(n);
+    cpu::GetTypeOpsForIsa(ops->vec_dot_type, cpu::KernelIsa::kScalar)
+        ->to_float(xq.data(), xf.data(), n);
+    for (int64_t r = 0; r < std::min<int64_t>(m->rows, 64); ++r) {
+      ops->to_float(m->row(r), wf.data(), n);
+      double exact = 0, abs_terms = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        exact += static_cast<double>(wf[i]) * xf[i];
+        abs_terms += std::fabs(static_cast<double>(wf[i]) * xf[i]);
+      }
+      // 2^-11 relative slack for Q8_1's fp16 s in the m term; float summation over n/32 blocks.
+      const double tol =
+          (m->type == DType::kQ4_1 ? 2e-3 : 0.0) * abs_terms + (n / 32 + 16) * kU * 2 * abs_terms;
+      for (cpu::KernelIsa isa : AvailableIsas()) {
+        const float got = cpu::GetTypeOpsForIsa(m->type, isa)->vec_dot(n, m->row(r), xq.data());
+        ASSERT_NEAR(got, exact, tol) << name << " row " << r << " " << IsaName(isa);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace specinfer
