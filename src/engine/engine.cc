@@ -6,36 +6,15 @@
 
 #include "backend/cpu/cpu_runner.h"
 #include "model/loader.h"
-#include "tokenizer/llama2c_tokenizer.h"
 
 namespace specinfer {
 
-namespace {
-
-StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const EngineOptions& o, ModelFormat format,
-                                                   const Model& model) {
-  std::string path = o.tokenizer_path;
-  if (format == ModelFormat::kLlama2c && path.empty()) {
-    auto beside = std::filesystem::path(o.model_path).parent_path() / "tokenizer.bin";
-    if (!std::filesystem::exists(beside)) {
-      return NotFoundError("no tokenizer for llama2.c model '" + o.model_path +
-                           "': pass --tokenizer PATH (looked for " + beside.string() + ")");
-    }
-    path = beside.string();
-  }
-  if (format == ModelFormat::kLlama2c) {
-    SI_ASSIGN_OR_RETURN(auto tok, Llama2cTokenizer::Load(path, model.config().vocab_size));
-    return std::unique_ptr<Tokenizer>(std::move(tok));
-  }
-  return UnimplementedError("no tokenizer loader for this model format");
-}
-
-}  // namespace
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   auto engine = std::unique_ptr<Engine>(new Engine());
-  SI_ASSIGN_OR_RETURN(ModelFormat format, DetectModelFormat(o.model_path));
-  SI_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, LoadModel(o.model_path));
+  SI_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelAndTokenizer(o.model_path, o.tokenizer_path));
+  std::unique_ptr<Model> model = std::move(loaded.model);
+  const ModelFormat format = loaded.format;
   if (o.context_length < 0) return InvalidArgumentError("context length must be >= 0");
   if (o.context_length > 0 && o.context_length < model->config().max_seq_len) {
     // A shorter context than the model's saves KV memory. (A longer one is refused: the model
@@ -43,7 +22,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
     model->set_context_length(o.context_length);
   }
   engine->model_ = std::shared_ptr<Model>(std::move(model));
-  SI_ASSIGN_OR_RETURN(engine->tokenizer_, LoadTokenizer(o, format, *engine->model_));
+  engine->tokenizer_ = std::move(loaded.tokenizer);
+  engine->chat_template_ = std::move(loaded.chat_template);
 
   const ModelConfig& c = engine->model_->config();
   if (o.kv_block_size <= 0 || o.max_sequences <= 0)

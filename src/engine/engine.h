@@ -33,6 +33,8 @@ class Engine {
   ModelRunner& runner() { return *runner_; }
   KvCacheManager& kv() { return *kv_; }
   int32_t context_length() const { return model_->config().max_seq_len; }
+  // The model's own chat template (Jinja source), empty if it ships none.
+  const std::string& chat_template() const { return chat_template_; }
 
   // Tokens that end generation by default: EOS, and for llama2.c models BOS too (llama2.c uses
   // BOS as the delimiter between stories).
@@ -51,6 +53,7 @@ class Engine {
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<KvCacheManager> kv_;
   std::vector<int32_t> stop_tokens_;
+  std::string chat_template_;
 };
 
 }  // namespace specinfer

@@ -3,7 +3,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include "model/gguf_loader.h"
 #include "model/llama2c_loader.h"
+#include "tokenizer/bpe_tokenizer.h"
+#include "tokenizer/llama2c_tokenizer.h"
 
 namespace specinfer {
 
@@ -21,14 +24,59 @@ StatusOr<ModelFormat> DetectModelFormat(const std::string& path) {
 }
 
 StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path) {
-  SI_ASSIGN_OR_RETURN(ModelFormat format, DetectModelFormat(path));
-  switch (format) {
-    case ModelFormat::kLlama2c:
-      return LoadLlama2cCheckpoint(path);
-    case ModelFormat::kGguf:
-      return UnimplementedError("GGUF models are not supported yet: '" + path + "'");
+  SI_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelAndTokenizer(path, "-"));
+  return std::move(loaded.model);
+}
+
+StatusOr<LoadedModel> LoadModelAndTokenizer(const std::string& model_path,
+                                            const std::string& tokenizer_path) {
+  // tokenizer_path "-" (internal): load the model only.
+  const bool want_tokenizer = tokenizer_path != "-";
+  LoadedModel out;
+  SI_ASSIGN_OR_RETURN(out.format, DetectModelFormat(model_path));
+  if (out.format == ModelFormat::kGguf) {
+    SI_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(model_path));
+    std::unique_ptr<Tokenizer> tokenizer;
+    std::string chat_template;
+    if (const GgufValue* t = gguf->Find("tokenizer.chat_template")) {
+      SI_ASSIGN_OR_RETURN(std::string_view tmpl, t->AsString());
+      chat_template = std::string(tmpl);
+    }
+    SI_ASSIGN_OR_RETURN(out.model, ModelFromGguf(*gguf));
+    if (want_tokenizer && tokenizer_path.empty()) {
+      SI_ASSIGN_OR_RETURN(out.tokenizer,
+                          TokenizerFromGguf(*gguf, out.model->config().vocab_size));
+    }
+    out.chat_template = std::move(chat_template);
+  } else {
+    SI_ASSIGN_OR_RETURN(out.model, LoadLlama2cCheckpoint(model_path));
   }
-  return InternalError("unknown model format");
+  if (!want_tokenizer || out.tokenizer) return out;
+
+  std::string path = tokenizer_path;
+  if (path.empty()) {
+    auto beside = std::filesystem::path(model_path).parent_path() / "tokenizer.bin";
+    if (!std::filesystem::exists(beside)) {
+      return NotFoundError("no tokenizer for llama2.c model '" + model_path +
+                           "': pass --tokenizer PATH (looked for " + beside.string() + ")");
+    }
+    path = beside.string();
+  }
+  if (path.ends_with(".json")) {
+    SI_ASSIGN_OR_RETURN(auto tok, BpeTokenizer::FromTokenizerJson(path));
+    out.tokenizer = std::move(tok);
+  } else {
+    SI_ASSIGN_OR_RETURN(auto tok, Llama2cTokenizer::Load(path, out.model->config().vocab_size));
+    out.tokenizer = std::move(tok);
+  }
+  // A model may pad its embedding beyond the vocabulary, never the other way round.
+  if (out.tokenizer->vocab_size() > out.model->config().vocab_size) {
+    return InvalidArgumentError("tokenizer '" + path + "' has " +
+                                std::to_string(out.tokenizer->vocab_size()) +
+                                " tokens but the model only " +
+                                std::to_string(out.model->config().vocab_size));
+  }
+  return out;
 }
 
 }  // namespace specinfer

@@ -1,5 +1,5 @@
 // Opens a model file of any supported format, chosen by its content:
-//   - GGUF (magic "GGUF"),
+//   - GGUF (magic "GGUF"): llama and qwen2 architectures, F32/F16/BF16/Q8_0/Q4_0/Q4_1 weights,
 //   - llama2.c checkpoints (legacy version 0, float32).
 #pragma once
 
@@ -7,6 +7,7 @@
 #include <string>
 
 #include "model/model.h"
+#include "tokenizer/tokenizer.h"
 
 namespace specinfer {
 
@@ -16,5 +17,17 @@ enum class ModelFormat { kLlama2c, kGguf };
 StatusOr<ModelFormat> DetectModelFormat(const std::string& path);
 
 StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path);
+
+struct LoadedModel {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+  ModelFormat format = ModelFormat::kLlama2c;
+  std::string chat_template;  // the model's own Jinja template, if it ships one
+};
+
+// Loads a model and its tokenizer. `tokenizer_path` empty: the vocabulary inside the model file
+// (GGUF), or tokenizer.bin beside a llama2.c checkpoint (NotFound, saying so, if absent).
+StatusOr<LoadedModel> LoadModelAndTokenizer(const std::string& model_path,
+                                            const std::string& tokenizer_path);
 
 }  // namespace specinfer

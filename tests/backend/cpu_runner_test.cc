@@ -68,11 +68,7 @@ class CpuRunnerTest : public ::testing::Test {
 // decoding its root-to-node path incrementally, bit for bit (the kernels are batch-invariant).
 TEST_F(CpuRunnerTest, TreePassEqualsIncrementalDecodingOfEachPath) {
   const std::vector<int32_t> prefix = {1, 403, 407, 261, 378};
-  //        0
-  //      / | \
-  //     1  4  6
-  //    / \  \
-  //   2   3  5
+  // Node 0 has children 1, 4, 6; node 1 has children 2, 3; node 4 has child 5.
   const std::vector<int32_t> parents = {-1, 0, 1, 1, 0, 4, 0};
   const std::vector<int32_t> tokens = {300, 301, 302, 303, 304, 305, 306};
   const int32_t n = static_cast<int32_t>(tokens.size());

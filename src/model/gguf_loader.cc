@@ -1,0 +1,159 @@
+#include "model/gguf_loader.h"
+
+#include "tokenizer/bpe_tokenizer.h"
+#include "tokenizer/llama2c_tokenizer.h"
+
+namespace specinfer {
+
+namespace {
+
+std::string Key(const std::string& arch, const char* suffix) { return arch + "." + suffix; }
+
+StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g) {
+  SI_ASSIGN_OR_RETURN(std::string_view arch_sv, g.GetString("general.architecture"));
+  const std::string arch(arch_sv);
+  ModelConfig c;
+  c.architecture = arch;
+  if (arch == "llama") {
+    c.rope_style = RopeStyle::kInterleaved;  // the converter pre-permutes Q and K
+  } else if (arch == "qwen2") {
+    c.rope_style = RopeStyle::kHalf;
+    c.attention_bias = true;
+  } else {
+    return UnimplementedError("GGUF '" + g.path() + "': architecture '" + arch +
+                              "' is not supported (llama, qwen2)");
+  }
+  SI_ASSIGN_OR_RETURN(c.n_layers, g.GetI32(Key(arch, "block_count")));
+  SI_ASSIGN_OR_RETURN(c.dim, g.GetI32(Key(arch, "embedding_length")));
+  SI_ASSIGN_OR_RETURN(c.hidden_dim, g.GetI32(Key(arch, "feed_forward_length")));
+  SI_ASSIGN_OR_RETURN(c.n_heads, g.GetI32(Key(arch, "attention.head_count")));
+  SI_ASSIGN_OR_RETURN(c.n_kv_heads, g.GetI32(Key(arch, "attention.head_count_kv"), c.n_heads));
+  SI_ASSIGN_OR_RETURN(c.max_seq_len, g.GetI32(Key(arch, "context_length")));
+  SI_ASSIGN_OR_RETURN(c.rope_theta, g.GetF32(Key(arch, "rope.freq_base"), 10000.0f));
+  SI_ASSIGN_OR_RETURN(c.norm_eps, g.GetF32(Key(arch, "attention.layer_norm_rms_epsilon"), 1e-5f));
+  const int32_t default_head = c.n_heads > 0 ? c.dim / c.n_heads : 0;
+  SI_ASSIGN_OR_RETURN(c.head_dim, g.GetI32(Key(arch, "attention.key_length"), default_head));
+  SI_ASSIGN_OR_RETURN(int32_t rope_dims, g.GetI32(Key(arch, "rope.dimension_count"), c.head_dim));
+  if (rope_dims != c.head_dim)
+    return UnimplementedError("GGUF '" + g.path() + "': partial rotary embedding (" +
+                              std::to_string(rope_dims) + " of " + std::to_string(c.head_dim) +
+                              " dims) is not supported");
+  SI_ASSIGN_OR_RETURN(std::string_view scaling, g.GetString(Key(arch, "rope.scaling.type"), "none"));
+  if (scaling != "none" || g.FindTensor("rope_freqs.weight") != nullptr)
+    return UnimplementedError("GGUF '" + g.path() + "': RoPE scaling is not supported yet");
+  if (const GgufValue* v = g.Find(Key(arch, "vocab_size"))) {
+    SI_ASSIGN_OR_RETURN(c.vocab_size, v->AsInt<int32_t>());
+  } else {
+    SI_ASSIGN_OR_RETURN(const GgufTensor* emb, g.GetTensor("token_embd.weight"));
+    c.vocab_size = static_cast<int32_t>(emb->dims[1]);
+  }
+  c.tied_output = g.FindTensor("output.weight") == nullptr;
+  Status valid = c.Validate();
+  if (!valid.ok()) return valid.WithContext("GGUF '" + g.path() + "'");
+  return c;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Model>> ModelFromGguf(GgufFile& g) {
+  SI_ASSIGN_OR_RETURN(ModelConfig c, ConfigFromGguf(g));
+  const int64_t dim = c.dim, q = c.q_dim(), kv = c.kv_dim(), hidden = c.hidden_dim;
+  ModelWeights w;
+  SI_ASSIGN_OR_RETURN(w.token_embedding, g.GetWeightMatrix("token_embd.weight", c.vocab_size, dim));
+  SI_ASSIGN_OR_RETURN(w.final_norm, g.GetF32Vector("output_norm.weight", dim));
+  if (c.tied_output) {
+    w.output = w.token_embedding;
+  } else {
+    SI_ASSIGN_OR_RETURN(w.output, g.GetWeightMatrix("output.weight", c.vocab_size, dim));
+  }
+  w.layers.resize(c.n_layers);
+  for (int32_t i = 0; i < c.n_layers; ++i) {
+    LayerWeights& l = w.layers[i];
+    const std::string p = "blk." + std::to_string(i) + ".";
+    SI_ASSIGN_OR_RETURN(l.attn_norm, g.GetF32Vector(p + "attn_norm.weight", dim));
+    SI_ASSIGN_OR_RETURN(l.wq, g.GetWeightMatrix(p + "attn_q.weight", q, dim));
+    SI_ASSIGN_OR_RETURN(l.wk, g.GetWeightMatrix(p + "attn_k.weight", kv, dim));
+    SI_ASSIGN_OR_RETURN(l.wv, g.GetWeightMatrix(p + "attn_v.weight", kv, dim));
+    SI_ASSIGN_OR_RETURN(l.wo, g.GetWeightMatrix(p + "attn_output.weight", dim, q));
+    SI_ASSIGN_OR_RETURN(l.ffn_norm, g.GetF32Vector(p + "ffn_norm.weight", dim));
+    SI_ASSIGN_OR_RETURN(l.w_gate, g.GetWeightMatrix(p + "ffn_gate.weight", hidden, dim));
+    SI_ASSIGN_OR_RETURN(l.w_up, g.GetWeightMatrix(p + "ffn_up.weight", hidden, dim));
+    SI_ASSIGN_OR_RETURN(l.w_down, g.GetWeightMatrix(p + "ffn_down.weight", dim, hidden));
+    if (c.attention_bias) {
+      SI_ASSIGN_OR_RETURN(l.bq, g.GetF32Vector(p + "attn_q.bias", q));
+      SI_ASSIGN_OR_RETURN(l.bk, g.GetF32Vector(p + "attn_k.bias", kv));
+      SI_ASSIGN_OR_RETURN(l.bv, g.GetF32Vector(p + "attn_v.bias", kv));
+    }
+  }
+  auto model = std::make_unique<Model>(c, std::move(w), g.path());
+  std::unique_ptr<MappedFile> file = g.ReleaseMappedFile();
+  if (file == nullptr) return InternalError("GGUF '" + g.path() + "' has no mapping to keep");
+  model->AdoptFile(std::move(file));
+  return model;
+}
+
+StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromGguf(const GgufFile& g, int32_t vocab_size) {
+  const std::string where = "GGUF '" + g.path() + "'";
+  SI_ASSIGN_OR_RETURN(std::string_view kind, g.GetString("tokenizer.ggml.model"));
+  SI_ASSIGN_OR_RETURN(std::span<const std::string_view> tokens,
+                      g.GetStringArray("tokenizer.ggml.tokens"));
+  if (static_cast<int64_t>(tokens.size()) != vocab_size) {
+    return DataLossError(where + ": the vocabulary has " + std::to_string(tokens.size()) +
+                         " tokens but the model's output has " + std::to_string(vocab_size));
+  }
+  std::vector<int32_t> types;
+  if (g.Has("tokenizer.ggml.token_type")) {
+    SI_ASSIGN_OR_RETURN(types, g.GetI32Array("tokenizer.ggml.token_type"));
+  }
+  SI_ASSIGN_OR_RETURN(int32_t bos, g.GetI32("tokenizer.ggml.bos_token_id", -1));
+  SI_ASSIGN_OR_RETURN(int32_t eos, g.GetI32("tokenizer.ggml.eos_token_id", -1));
+  std::optional<bool> add_bos;
+  if (g.Has("tokenizer.ggml.add_bos_token")) {
+    SI_ASSIGN_OR_RETURN(bool b, g.GetBool("tokenizer.ggml.add_bos_token"));
+    add_bos = b;
+  }
+
+  if (kind == "gpt2") {
+    SI_ASSIGN_OR_RETURN(std::span<const std::string_view> merges,
+                        g.GetStringArray("tokenizer.ggml.merges"));
+    SI_ASSIGN_OR_RETURN(std::string_view pre, g.GetString("tokenizer.ggml.pre", "default"));
+    auto tok = BpeTokenizer::FromGgufVocab(tokens, merges, types, bos, eos, add_bos, pre);
+    if (!tok.ok()) return tok.status().WithContext(where);
+    return std::unique_ptr<Tokenizer>(std::move(tok).value());
+  }
+  if (kind == "llama") {
+    SI_ASSIGN_OR_RETURN(std::vector<float> scores, g.GetF32Array("tokenizer.ggml.scores"));
+    std::vector<std::string> pieces;
+    pieces.reserve(tokens.size());
+    for (std::string_view t : tokens) {
+      // SentencePiece writes the space as U+2581 (E2 96 81).
+      std::string s;
+      for (size_t i = 0; i < t.size(); ++i) {
+        if (t.compare(i, 3, "\xE2\x96\x81") == 0) {
+          s += ' ';
+          i += 2;
+        } else {
+          s += t[i];
+        }
+      }
+      pieces.push_back(std::move(s));
+    }
+    Llama2cTokenizer::SpecialIds ids;
+    SI_ASSIGN_OR_RETURN(ids.unk_id, g.GetI32("tokenizer.ggml.unknown_token_id", 0));
+    ids.bos_id = bos;
+    ids.eos_id = eos;
+    std::vector<Llama2cTokenizer::TokenType> ttypes;
+    for (int32_t t : types) {
+      if (t < 1 || t > 6) return DataLossError(where + ": token type " + std::to_string(t));
+      ttypes.push_back(static_cast<Llama2cTokenizer::TokenType>(t));
+    }
+    auto tok = Llama2cTokenizer::FromVocab(std::move(pieces), std::move(scores), ids,
+                                           std::move(ttypes));
+    if (!tok.ok()) return tok.status().WithContext(where);
+    return std::unique_ptr<Tokenizer>(std::move(tok).value());
+  }
+  return UnimplementedError(where + ": tokenizer model '" + std::string(kind) +
+                            "' is not supported (gpt2, llama)");
+}
+
+}  // namespace specinfer
