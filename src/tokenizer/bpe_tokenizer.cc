@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/mapped_file.h"
+#include "tokenizer/utf8.h"
 
 namespace specinfer {
 namespace {
@@ -56,23 +57,7 @@ inline bool IsCont(uint8_t c) { return (c & 0xC0) == 0x80; }
 // Length of the well-formed UTF-8 sequence at p (Unicode Table 3-7: no overlongs, no surrogates,
 // nothing above U+10FFFF; exactly what PCRE2 accepts), or 0 if the bytes there are not one.
 inline size_t Utf8SeqLen(const uint8_t* p, size_t avail) {
-  const uint8_t c = p[0];
-  if (c < 0x80) return 1;
-  if (c < 0xC2) return 0;
-  if (c < 0xE0) return (avail >= 2 && IsCont(p[1])) ? 2 : 0;
-  if (c < 0xF0) {
-    if (avail < 3 || !IsCont(p[2])) return 0;
-    const uint8_t lo = c == 0xE0 ? 0xA0 : 0x80;
-    const uint8_t hi = c == 0xED ? 0x9F : 0xBF;
-    return (p[1] >= lo && p[1] <= hi) ? 3 : 0;
-  }
-  if (c < 0xF5) {
-    if (avail < 4 || !IsCont(p[2]) || !IsCont(p[3])) return 0;
-    const uint8_t lo = c == 0xF0 ? 0x90 : 0x80;
-    const uint8_t hi = c == 0xF4 ? 0x8F : 0xBF;
-    return (p[1] >= lo && p[1] <= hi) ? 4 : 0;
-  }
-  return 0;
+  return ValidUtf8Length(std::string_view(reinterpret_cast<const char*>(p), avail));
 }
 
 // Decodes one code point of a well-formed sequence of length n.

@@ -8,46 +8,13 @@
 #include <queue>
 
 #include "common/mapped_file.h"
+#include "tokenizer/utf8.h"
 
 namespace specinfer {
 namespace {
 
 // SentencePiece's unk_surface: " ⁇ " (U+2047).
 constexpr std::string_view kUnkSurface = " \xE2\x81\x87 ";
-
-// Length of the complete, valid UTF-8 sequence at the start of `s` (non-empty), or 0 if the
-// bytes there are not one (Unicode Table 3-7: no overlongs, surrogates or values > U+10FFFF).
-// tokenizer.cc has the streaming variant of this rule.
-size_t ValidUtf8Length(std::string_view s) {
-  const auto b0 = static_cast<uint8_t>(s[0]);
-  if (b0 < 0x80) return 1;
-  size_t need;
-  uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    need = 1;
-  } else if (b0 == 0xE0) {
-    need = 2, lo = 0xA0;
-  } else if ((b0 >= 0xE1 && b0 <= 0xEC) || b0 == 0xEE || b0 == 0xEF) {
-    need = 2;
-  } else if (b0 == 0xED) {
-    need = 2, hi = 0x9F;
-  } else if (b0 == 0xF0) {
-    need = 3, lo = 0x90;
-  } else if (b0 >= 0xF1 && b0 <= 0xF3) {
-    need = 3;
-  } else if (b0 == 0xF4) {
-    need = 3, hi = 0x8F;
-  } else {
-    return 0;
-  }
-  if (s.size() <= need) return 0;
-  for (size_t i = 1; i <= need; ++i) {
-    const auto c = static_cast<uint8_t>(s[i]);
-    if (c < lo || c > hi) return 0;
-    lo = 0x80, hi = 0xBF;
-  }
-  return need + 1;
-}
 
 // The byte value of a "<0xHH>" piece, or -1.
 int ParseBytePiece(std::string_view piece) {

@@ -58,13 +58,15 @@ void MatMul(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPo
   const int64_t grain = std::max<int64_t>(
       std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, strip_work)),
       strips / (4 * pool.num_threads()));
+  const uint8_t* wdata = static_cast<const uint8_t*>(w.data);
+  const size_t w_row_bytes = RowBytes(w.type, cols);
   pool.ParallelFor(strips, [&](int64_t sb, int64_t se) {
     for (int64_t s = sb; s < se; ++s) {
       const int64_t r0 = s * strip, r1 = std::min(rows, r0 + strip);
       for (int64_t t = 0; t < n; ++t) {
         const uint8_t* xa = act + t * act_row_bytes;
         float* yt = y + t * rows;
-        for (int64_t r = r0; r < r1; ++r) yt[r] = vec_dot(cols, w.row(r), xa);
+        for (int64_t r = r0; r < r1; ++r) yt[r] = vec_dot(cols, wdata + r * w_row_bytes, xa);
       }
     }
   }, grain);
