@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "model/gguf_loader.h"
+#include "model/hf_loader.h"
 #include "model/llama2c_loader.h"
 #include "tokenizer/bpe_tokenizer.h"
 #include "tokenizer/llama2c_tokenizer.h"
@@ -13,9 +14,12 @@ namespace specinfer {
 StatusOr<ModelFormat> DetectModelFormat(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return NotFoundError("model '" + path + "' not found");
-  if (std::filesystem::is_directory(path, ec))
-    return UnimplementedError("'" + path + "' is a directory; Hugging Face model directories "
-                              "are not supported yet, pass a GGUF or llama2.c file");
+  if (std::filesystem::is_directory(path, ec)) {
+    if (std::filesystem::exists(std::filesystem::path(path) / "config.json", ec))
+      return ModelFormat::kHfDirectory;
+    return NotFoundError("'" + path + "' is a directory without config.json; pass a Hugging "
+                         "Face model directory, a GGUF file or a llama2.c checkpoint");
+  }
   std::ifstream in(path, std::ios::binary);
   char magic[4] = {};
   in.read(magic, 4);
@@ -48,13 +52,23 @@ StatusOr<LoadedModel> LoadModelAndTokenizer(const std::string& model_path,
                           TokenizerFromGguf(*gguf, out.model->config().vocab_size));
     }
     out.chat_template = std::move(chat_template);
+  } else if (out.format == ModelFormat::kHfDirectory) {
+    SI_ASSIGN_OR_RETURN(out.model, ModelFromHfDirectory(model_path));
+    out.chat_template = HfChatTemplate(model_path);
   } else {
     SI_ASSIGN_OR_RETURN(out.model, LoadLlama2cCheckpoint(model_path));
   }
   if (!want_tokenizer || out.tokenizer) return out;
 
   std::string path = tokenizer_path;
-  if (path.empty()) {
+  if (path.empty() && out.format == ModelFormat::kHfDirectory) {
+    auto inside = std::filesystem::path(model_path) / "tokenizer.json";
+    if (!std::filesystem::exists(inside)) {
+      return NotFoundError("no tokenizer for Hugging Face model '" + model_path +
+                           "': pass --tokenizer PATH (looked for " + inside.string() + ")");
+    }
+    path = inside.string();
+  } else if (path.empty()) {
     auto beside = std::filesystem::path(model_path).parent_path() / "tokenizer.bin";
     if (!std::filesystem::exists(beside)) {
       return NotFoundError("no tokenizer for llama2.c model '" + model_path +

@@ -11,84 +11,12 @@
 #include <random>
 
 #include "backend/cpu/cpu_runner.h"
+#include "model/gguf_writer.h"
 #include "model/loader.h"
 #include "test_util.h"
 
 namespace specinfer {
 namespace {
-
-// Little-endian writer of GGUF v3 files (enough of the format for F32 llama models).
-class GgufWriter {
- public:
-  void KvString(const std::string& k, const std::string& v) {
-    Key(k);
-    U32(8);
-    Str(v);
-    ++kvs_;
-  }
-  void KvU32(const std::string& k, uint32_t v) {
-    Key(k);
-    U32(4);
-    U32(v);
-    ++kvs_;
-  }
-  void KvF32(const std::string& k, float v) {
-    Key(k);
-    U32(6);
-    Raw(&v, 4);
-    ++kvs_;
-  }
-  // A float32 tensor with ggml dims (dims[0] innermost).
-  void Tensor(const std::string& name, std::vector<int64_t> dims, const float* data) {
-    int64_t n = 1;
-    for (int64_t d : dims) n *= d;
-    tensors_.push_back({name, dims, std::vector<float>(data, data + n)});
-  }
-  std::string Finish() const {
-    std::string out = "GGUF";
-    auto u32 = [&](uint32_t v) { out.append(reinterpret_cast<const char*>(&v), 4); };
-    auto u64 = [&](uint64_t v) { out.append(reinterpret_cast<const char*>(&v), 8); };
-    u32(3);
-    u64(tensors_.size());
-    u64(kvs_);
-    out += kv_bytes_;
-    uint64_t offset = 0;
-    for (const auto& t : tensors_) {
-      u64(t.name.size());
-      out += t.name;
-      u32(static_cast<uint32_t>(t.dims.size()));
-      for (int64_t d : t.dims) u64(static_cast<uint64_t>(d));
-      u32(0);  // GGML_TYPE_F32
-      u64(offset);
-      offset += (t.data.size() * 4 + 31) / 32 * 32;
-    }
-    out.resize((out.size() + 31) / 32 * 32, '\0');
-    for (const auto& t : tensors_) {
-      size_t start = out.size();
-      out.append(reinterpret_cast<const char*>(t.data.data()), t.data.size() * 4);
-      out.resize(start + (t.data.size() * 4 + 31) / 32 * 32, '\0');
-    }
-    return out;
-  }
-
- private:
-  struct T {
-    std::string name;
-    std::vector<int64_t> dims;
-    std::vector<float> data;
-  };
-  void Raw(const void* p, size_t n) { kv_bytes_.append(static_cast<const char*>(p), n); }
-  void U32(uint32_t v) { Raw(&v, 4); }
-  void Str(const std::string& s) {
-    uint64_t n = s.size();
-    Raw(&n, 8);
-    kv_bytes_ += s;
-  }
-  void Key(const std::string& k) { Str(k); }
-  std::string kv_bytes_;
-  uint64_t kvs_ = 0;
-  std::vector<T> tensors_;
-};
 
 struct RandomWeights {
   int dim = 32, hidden = 48, layers = 2, heads = 4, kv_heads = 2, vocab = 64, seq = 64;
