@@ -2,6 +2,11 @@
 //
 //   specinfer generate --model PATH [--tokenizer PATH] --prompt TEXT --max-tokens N
 //                      [--temperature T] [--top-k K] [--top-p P] [--seed S] [--json]
+//                      [--chat [--chat-template chatml|llama2|llama3] [--system TEXT]]
+//
+// With --chat the prompt is a user message (after an optional system message), rendered with the
+// model's chat template (or the named override) and encoded with special tokens parsed; generation
+// also stops at the template's end-of-turn token.
 //
 // Standard output carries only the generated continuation (streamed as it is produced), or with
 // --json one JSON object. Logs and errors go to standard error; failures exit non-zero.
@@ -9,12 +14,16 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include <unistd.h>
+
+#include "engine/chat_template.h"
 #include "engine/engine.h"
 
 namespace specinfer {
@@ -29,6 +38,9 @@ struct GenerateArgs {
   float top_p = 1.0f;
   int64_t seed = -1;
   bool json = false;
+  bool chat = false;
+  std::string chat_template;  // empty: the model's own
+  std::string system;
 };
 
 void AddEngineOptions(CLI::App* cmd, EngineOptions& o) {
@@ -43,14 +55,44 @@ void AddEngineOptions(CLI::App* cmd, EngineOptions& o) {
       ->check(CLI::Range(0, 1 << 24));
 }
 
+// --system and --prompt as a conversation.
+std::vector<ChatMessage> ChatMessages(const GenerateArgs& a) {
+  std::vector<ChatMessage> messages;
+  if (!a.system.empty()) messages.push_back({"system", a.system});
+  messages.push_back({"user", a.prompt});
+  return messages;
+}
+
 int RunGenerate(const GenerateArgs& a) {
-  auto engine_or = Engine::Create(a.engine);
+  if (!a.chat_template.empty()) {
+    // Reject an unknown name before the (slow) model load.
+    auto named = ChatTemplate::Named(a.chat_template);
+    if (!named.ok()) {
+      std::fprintf(stderr, "error: %s\n", named.status().ToString().c_str());
+      return 1;
+    }
+  }
+  EngineOptions engine_options = a.engine;
+  if (::isatty(STDERR_FILENO)) {
+    // A percentage on the terminal while the weights are paged in (large models take a while).
+    engine_options.load_progress = [last = -1](double frac) mutable {
+      const int pct = static_cast<int>(frac * 100);
+      if (pct == last) return;
+      last = pct;
+      std::fprintf(stderr, "\rloading model: %3d%%%s", pct, pct == 100 ? "\n" : "");
+      std::fflush(stderr);
+    };
+  }
+  auto engine_or = Engine::Create(engine_options);
   if (!engine_or.ok()) {
     std::fprintf(stderr, "error: %s\n", engine_or.status().ToString().c_str());
     return 1;
   }
   Engine& engine = **engine_or;
-  auto prompt_or = engine.EncodePrompt(a.prompt);
+  std::vector<int32_t> stop_tokens = engine.default_stop_tokens();
+  auto prompt_or =
+      a.chat ? engine.EncodeChat(ChatMessages(a), a.chat_template, &stop_tokens)
+             : engine.EncodePrompt(a.prompt);
   if (!prompt_or.ok()) {
     std::fprintf(stderr, "error: %s\n", prompt_or.status().ToString().c_str());
     return 1;
@@ -63,7 +105,7 @@ int RunGenerate(const GenerateArgs& a) {
   req.sampling.top_k = a.top_k;
   req.sampling.top_p = a.top_p;
   req.sampling.seed = a.seed >= 0 ? static_cast<uint64_t>(a.seed) : std::random_device{}();
-  req.stop_tokens = engine.default_stop_tokens();
+  req.stop_tokens = stop_tokens;
 
   const Tokenizer& tok = engine.tokenizer();
   Utf8StreamDecoder decoder;
@@ -145,6 +187,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0f, 1.0f));
   generate->add_option("--seed", gen.seed, "Random seed (default: random)");
   generate->add_flag("--json", gen.json, "Print one JSON object with text, tokens and timings");
+  CLI::Option* chat_flag = generate->add_flag(
+      "--chat", gen.chat, "Treat --prompt as a user message and apply the model's chat template");
+  generate->add_option("--chat-template", gen.chat_template,
+                       "Chat template override with --chat: chatml, llama2 or llama3")
+      ->needs(chat_flag);
+  generate->add_option("--system", gen.system, "System message with --chat")->needs(chat_flag);
 
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "backend/cpu/cpu_runner.h"
@@ -9,6 +10,23 @@
 
 namespace specinfer {
 
+
+namespace {
+
+// The text of special token `id` as a template writes it (Jinja's bos_token / eos_token): its
+// vocabulary piece without surrounding whitespace (llama2.c stores BOS as "\n<s>\n"), provided
+// that text encodes back to exactly that token; empty otherwise.
+std::string SpecialTokenText(const Tokenizer& tok, int32_t id) {
+  if (id < 0) return "";
+  std::string_view piece = tok.TokenPiece(id);
+  const size_t b = piece.find_first_not_of(" \t\r\n");
+  if (b == std::string_view::npos) return "";
+  std::string text(piece.substr(b, piece.find_last_not_of(" \t\r\n") - b + 1));
+  auto ids = tok.Encode(text, /*add_bos=*/false, /*parse_special=*/true);
+  return ids.ok() && ids->size() == 1 && (*ids)[0] == id ? text : "";
+}
+
+}  // namespace
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   auto engine = std::unique_ptr<Engine>(new Engine());
@@ -21,6 +39,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
     // was not trained for it.)
     model->set_context_length(o.context_length);
   }
+  model->Prefault(o.load_progress);
   engine->model_ = std::shared_ptr<Model>(std::move(model));
   engine->tokenizer_ = std::move(loaded.tokenizer);
   engine->chat_template_ = std::move(loaded.chat_template);
@@ -54,6 +73,33 @@ StatusOr<std::vector<int32_t>> Engine::EncodePrompt(std::string_view text) const
     return std::vector<int32_t>{tok.bos_id()};
   }
   return tok.Encode(text, tok.add_bos_by_default());
+}
+
+StatusOr<std::vector<int32_t>> Engine::EncodeChat(std::span<const ChatMessage> messages,
+                                                  const std::string& template_name,
+                                                  std::vector<int32_t>* stop_tokens) const {
+  const Tokenizer& tok = *tokenizer_;
+  const std::string bos = SpecialTokenText(tok, tok.bos_id());
+  const std::string eos = SpecialTokenText(tok, tok.eos_id());
+  SI_ASSIGN_OR_RETURN(ChatTemplate tmpl,
+                      template_name.empty()
+                          ? ChatTemplate::FromModelTemplate(chat_template_, bos, eos)
+                          : ChatTemplate::Named(template_name, bos, eos));
+  SI_ASSIGN_OR_RETURN(std::string text, tmpl.Apply(messages, /*add_generation_prompt=*/true));
+  const bool has_bos = !tmpl.bos_token().empty() && text.starts_with(tmpl.bos_token());
+  SI_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                      tok.Encode(text, tok.add_bos_by_default() && !has_bos,
+                                 /*parse_special=*/true));
+  if (ids.empty()) return InvalidArgumentError("the chat template rendered an empty prompt");
+  for (const std::string& stop : tmpl.stop_token_texts()) {
+    auto stop_ids = tok.Encode(stop, /*add_bos=*/false, /*parse_special=*/true);
+    if (!stop_ids.ok() || stop_ids->size() != 1 || !tok.IsSpecial((*stop_ids)[0])) continue;
+    const int32_t id = (*stop_ids)[0];
+    if (std::find(stop_tokens->begin(), stop_tokens->end(), id) == stop_tokens->end())
+      stop_tokens->push_back(id);
+  }
+  spdlog::info("chat template {}: {} prompt tokens", tmpl.name(), ids.size());
+  return ids;
 }
 
 StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& request,

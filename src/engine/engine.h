@@ -2,11 +2,13 @@
 // backend and the KV cache. The CLI, the benchmarks and (later) the servers build on it.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "engine/chat_template.h"
 #include "engine/generator.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
@@ -22,6 +24,8 @@ struct EngineOptions {
   int32_t context_length = 0;  // 0: the model's own
   int32_t kv_block_size = 16;
   int32_t max_sequences = 1;   // KV storage is sized for this many full-context sequences
+  // Called with the fraction (0..1) of weight bytes paged in while loading; null for none.
+  std::function<void(double)> load_progress;
 };
 
 class Engine {
@@ -43,6 +47,15 @@ class Engine {
   // Encodes a prompt as the model expects (BOS first when the model wants one). An empty prompt
   // is BOS alone.
   StatusOr<std::vector<int32_t>> EncodePrompt(std::string_view text) const;
+
+  // Renders a conversation with the model's chat template (or the built-in one named by
+  // `template_name`: chatml, llama2, llama3) plus the assistant's generation prompt, and encodes
+  // it with special tokens parsed. BOS is added only where the model wants one and the template
+  // did not write it. The template's end-of-turn tokens that are single special tokens of the
+  // vocabulary are appended to *stop_tokens (if not there yet).
+  StatusOr<std::vector<int32_t>> EncodeChat(std::span<const ChatMessage> messages,
+                                            const std::string& template_name,
+                                            std::vector<int32_t>* stop_tokens) const;
 
   StatusOr<GenerateResult> Generate(const GenerateRequest& request,
                                     const TokenCallback& on_token = nullptr);
