@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -25,6 +26,10 @@ class MappedFile {
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
+
+  // Reads every page of the mapping once, so the first forward pass does not stall on page
+  // faults. Calls progress(fraction done) now and then (may be null). Returns the bytes read.
+  size_t Prefault(const std::function<void(double)>& progress) const;
 
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }

@@ -7,6 +7,17 @@ float* Model::AllocateOwned(size_t count) {
   return owned_.back().get();
 }
 
+void Model::Prefault(const std::function<void(double)>& progress) const {
+  size_t total = 0, done = 0;
+  for (const auto& f : files_) total += f->size();
+  for (const auto& f : files_) {
+    f->Prefault([&](double frac) {
+      if (progress) progress(static_cast<double>(done + frac * f->size()) / total);
+    });
+    done += f->size();
+  }
+}
+
 static size_t MatrixBytes(const WeightMatrix& m) {
   return m.empty() ? 0 : static_cast<size_t>(m.rows) * RowBytes(m.type, m.cols);
 }

@@ -4,6 +4,7 @@
 // Thread safety: immutable after loading; shared read-only by every runner and thread.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +52,9 @@ class Model {
   void AdoptFile(std::unique_ptr<MappedFile> file) { files_.push_back(std::move(file)); }
   // Keeps an owned buffer alive (converted weights, e.g. norms stored as F16 on disk).
   float* AllocateOwned(size_t count);
+
+  // Pages every backing file in (see MappedFile::Prefault); progress covers all files, 0..1.
+  void Prefault(const std::function<void(double)>& progress) const;
 
   // Total bytes of weight data.
   size_t WeightBytes() const;
