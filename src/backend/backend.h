@@ -58,6 +58,10 @@ struct ForwardBatch {
   std::vector<int32_t> positions;      // [n] rotary positions
   std::vector<BatchSequence> seqs;     // tokens grouped per sequence, contiguous, in order
   std::vector<int32_t> logit_rows;     // indices into tokens whose logits are wanted, [m]
+  // True: every token's outputs are bit-identical to computing it in any other batch (what
+  // decode and tree verification need, so speculative output equals incremental output).
+  // False allows faster batch-dependent kernels (BLAS); set it for batches of prompt tokens only.
+  bool batch_invariant = true;
 
   int32_t size() const { return static_cast<int32_t>(tokens.size()); }
   // Appends `count` tokens of one sequence.

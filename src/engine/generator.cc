@@ -66,6 +66,7 @@ StatusOr<GenerateResult> Generator::Generate(const GenerateRequest& req,
     batch.AddSequence(seq, std::span(req.prompt_tokens).subspan(begin, count), pos, begin,
                       nullptr);
     if (begin + count == prompt_len) batch.logit_rows = {count - 1};
+    batch.batch_invariant = false;  // prompt tokens only: BLAS may block the sums
     SI_RETURN_IF_ERROR(runner_.Forward(batch, kv_, logits));
     ++result.stats.forward_passes;
   }

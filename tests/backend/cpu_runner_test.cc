@@ -174,6 +174,24 @@ TEST_F(CpuRunnerTest, MoveKvCompactsAnAcceptedPath) {
   EXPECT_EQ(after, want);
 }
 
+// A prompt batch that may use BLAS gives the same logits as the batch-invariant kernels, within
+// float rounding.
+TEST_F(CpuRunnerTest, BlasPrefillMatchesInvariantKernels) {
+  std::vector<int32_t> toks(40), pos(40);
+  for (int32_t i = 0; i < 40; ++i) toks[i] = 1 + (i * 37) % 500, pos[i] = i;
+  std::vector<float> a(vocab()), b(vocab());
+  for (bool invariant : {true, false}) {
+    SeqId s = kv_->AddSequence();
+    ASSERT_TRUE(kv_->Reserve(s, 40).ok());
+    ForwardBatch batch;
+    batch.AddSequence(s, toks, pos, 0, nullptr);
+    batch.logit_rows = {39};
+    batch.batch_invariant = invariant;
+    ASSERT_TRUE(runner_->Forward(batch, *kv_, invariant ? a : b).ok());
+  }
+  for (int32_t v = 0; v < vocab(); ++v) EXPECT_NEAR(a[v], b[v], 1e-4f) << v;
+}
+
 // Malformed batches are refused with a Status, not trusted.
 TEST_F(CpuRunnerTest, BadBatchesAreRejected) {
   SeqId s = kv_->AddSequence();

@@ -97,6 +97,7 @@ Status CpuModelRunner::Forward(const ForwardBatch& batch, const KvCacheManager& 
   grow(gate_, n * hidden);
   grow(up_, n * hidden);
 
+  const bool inv = batch.batch_invariant;
   // Token embeddings.
   pool_.ParallelFor(n, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) cpu::GetRow(w.token_embedding, batch.tokens[t], &x_[t * dim]);
@@ -107,9 +108,9 @@ Status CpuModelRunner::Forward(const ForwardBatch& batch, const KvCacheManager& 
     // --- attention block ---
     for (int64_t t = 0; t < n; ++t)
       cpu::RmsNorm(&x_[t * dim], l.attn_norm.data, &xb_[t * dim], dim, c.norm_eps);
-    cpu::MatMul(l.wq, xb_.data(), n, q_.data(), pool_, act_scratch_);
-    cpu::MatMul(l.wk, xb_.data(), n, k_.data(), pool_, act_scratch_);
-    cpu::MatMul(l.wv, xb_.data(), n, v_.data(), pool_, act_scratch_);
+    cpu::MatMul(l.wq, xb_.data(), n, q_.data(), pool_, act_scratch_, inv);
+    cpu::MatMul(l.wk, xb_.data(), n, k_.data(), pool_, act_scratch_, inv);
+    cpu::MatMul(l.wv, xb_.data(), n, v_.data(), pool_, act_scratch_, inv);
     AddBias(q_.data(), l.bq, n, q_dim);
     AddBias(k_.data(), l.bk, n, kv_dim);
     AddBias(v_.data(), l.bv, n, kv_dim);
@@ -124,16 +125,16 @@ Status CpuModelRunner::Forward(const ForwardBatch& batch, const KvCacheManager& 
       }
     }
     Attention(batch, kv, layer, q_.data(), att_.data());
-    cpu::MatMul(l.wo, att_.data(), n, xb_.data(), pool_, act_scratch_);
+    cpu::MatMul(l.wo, att_.data(), n, xb_.data(), pool_, act_scratch_, inv);
     for (int64_t i = 0; i < n * dim; ++i) x_[i] += xb_[i];
 
     // --- feed-forward block ---
     for (int64_t t = 0; t < n; ++t)
       cpu::RmsNorm(&x_[t * dim], l.ffn_norm.data, &xb_[t * dim], dim, c.norm_eps);
-    cpu::MatMul(l.w_gate, xb_.data(), n, gate_.data(), pool_, act_scratch_);
-    cpu::MatMul(l.w_up, xb_.data(), n, up_.data(), pool_, act_scratch_);
+    cpu::MatMul(l.w_gate, xb_.data(), n, gate_.data(), pool_, act_scratch_, inv);
+    cpu::MatMul(l.w_up, xb_.data(), n, up_.data(), pool_, act_scratch_, inv);
     cpu::SwiGlu(gate_.data(), up_.data(), n * hidden);
-    cpu::MatMul(l.w_down, gate_.data(), n, xb_.data(), pool_, act_scratch_);
+    cpu::MatMul(l.w_down, gate_.data(), n, xb_.data(), pool_, act_scratch_, inv);
     for (int64_t i = 0; i < n * dim; ++i) x_[i] += xb_[i];
   }
 
@@ -143,7 +144,7 @@ Status CpuModelRunner::Forward(const ForwardBatch& batch, const KvCacheManager& 
     for (int64_t i = 0; i < m; ++i)
       cpu::RmsNorm(&x_[batch.logit_rows[i] * dim], w.final_norm.data, &final_[i * dim], dim,
                    c.norm_eps);
-    cpu::MatMul(w.output, final_.data(), m, logits.data(), pool_, act_scratch_);
+    cpu::MatMul(w.output, final_.data(), m, logits.data(), pool_, act_scratch_, inv);
   }
   return Status::Ok();
 }

@@ -21,9 +21,9 @@ void GetRow(const WeightMatrix& w, int64_t r, float* dst) {
 }
 
 void MatMul(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool& pool,
-            std::vector<uint8_t>& scratch) {
+            std::vector<uint8_t>& scratch, bool batch_invariant) {
   const int64_t rows = w.rows, cols = w.cols;
-  if (w.type == DType::kF32 && n > kBatchInvariantRows) {
+  if (!batch_invariant && w.type == DType::kF32 && n >= kBlasMinRows) {
     openblas_set_num_threads(pool.num_threads());
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
                 static_cast<int>(rows), static_cast<int>(cols), 1.0f, x, static_cast<int>(cols),

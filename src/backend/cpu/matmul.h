@@ -9,18 +9,17 @@
 
 namespace specinfer::cpu {
 
-// Rows of a batch up to which the product is computed by the per-row dot kernels. Those are
-// batch-invariant: a token's output is bit-for-bit the same whether it is computed alone or in a
-// batch of up to this many tokens, which is what makes tree verification reproduce incremental
-// decoding exactly. Larger F32 batches (long prompts) go to BLAS sgemm for speed.
-inline constexpr int64_t kBatchInvariantRows = 256;
-
 // y[t, r] = sum_c w[r, c] * x[t, c] for t < n.
 //   x: [n, w.cols] float32, y: [n, w.rows] float32.
+// With `batch_invariant` the product is computed by per-(row, token) dot kernels, so a token's
+// output is bit-for-bit the same whatever else is in the batch: this is what makes tree
+// verification reproduce incremental decoding exactly. Without it, float32 weights and batches of
+// at least kBlasMinRows rows go to BLAS sgemm, which is faster but blocks the sums by batch size.
 // `scratch` holds the activations converted to the weight type's dot-product type; it is
 // resized as needed and may be reused across calls.
+inline constexpr int64_t kBlasMinRows = 16;
 void MatMul(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool& pool,
-            std::vector<uint8_t>& scratch);
+            std::vector<uint8_t>& scratch, bool batch_invariant = true);
 
 // Writes row `r` of `w` as float32 into dst[0, w.cols).
 void GetRow(const WeightMatrix& w, int64_t r, float* dst);
