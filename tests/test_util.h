@@ -1,7 +1,12 @@
 // Helpers shared by the test binaries: where the test data lives.
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
+
+#include "backend/backend.h"
 
 namespace specinfer::testing {
 
@@ -15,5 +20,16 @@ std::string Stories260KTokenizer();
 // tests/data if copied there). Empty string if absent.
 std::string Llama2TokenizerBin();
 std::string Llama2TokenizerModel();
+
+// Runs `tokens` as the prompt of a fresh sequence in one pass (positions 0..n-1) and returns the
+// logits of `rows` ([rows.size(), vocab], row-major); the sequence is removed afterwards. Test
+// failures are reported through gtest; an empty vector comes back on error.
+std::vector<float> PromptLogits(ModelRunner& runner, KvCacheManager& kv,
+                                const std::vector<int32_t>& tokens,
+                                const std::vector<int32_t>& rows);
+
+// The logits after the last of `tokens`, on a fresh single-threaded CPU runner for `model`.
+std::vector<float> LastLogits(std::shared_ptr<const Model> model,
+                              const std::vector<int32_t>& tokens);
 
 }  // namespace specinfer::testing

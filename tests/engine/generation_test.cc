@@ -73,17 +73,8 @@ TEST(Generation, MatchesIndependentReferenceOnSeveralPrompts) {
 
     // Logits of the first step within float tolerance of the reference.
     {
-      KvCacheManager& kv = engine->kv();
-      SeqId s = kv.AddSequence();
-      ASSERT_TRUE(kv.Reserve(s, static_cast<int32_t>(ids->size())).ok());
-      ForwardBatch b;
-      std::vector<int32_t> pos(ids->size());
-      for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
-      b.AddSequence(s, *ids, pos, 0, nullptr);
-      b.logit_rows = {static_cast<int32_t>(ids->size()) - 1};
-      std::vector<float> logits(engine->model().config().vocab_size);
-      ASSERT_TRUE(engine->runner().Forward(b, kv, logits).ok());
-      kv.RemoveSequence(s);
+      std::vector<float> logits = testing::PromptLogits(
+          engine->runner(), engine->kv(), *ids, {static_cast<int32_t>(ids->size()) - 1});
       auto want = c["first_logits"].get<std::vector<float>>();
       ASSERT_EQ(want.size(), logits.size());
       float max_err = 0;

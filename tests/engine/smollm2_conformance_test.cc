@@ -92,17 +92,9 @@ TEST_F(SmolLM2Conformance, LastPromptLogitsWithinQuantisationNoise) {
   for (const auto& c : (*ref_)["cases"]) {
     SCOPED_TRACE(c["name"].get<std::string>());
     std::vector<int32_t> prompt = c["prompt_tokens"];
-    KvCacheManager& kv = engine_->kv();
-    SeqId s = kv.AddSequence();
-    ASSERT_TRUE(kv.Reserve(s, static_cast<int32_t>(prompt.size())).ok());
-    ForwardBatch b;
-    std::vector<int32_t> pos(prompt.size());
-    for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
-    b.AddSequence(s, prompt, pos, 0, nullptr);
-    b.logit_rows = {static_cast<int32_t>(prompt.size()) - 1};
-    std::vector<float> logits(vocab);
-    ASSERT_TRUE(engine_->runner().Forward(b, kv, logits).ok());
-    kv.RemoveSequence(s);
+    std::vector<float> logits = testing::PromptLogits(
+        engine_->runner(), engine_->kv(), prompt, {static_cast<int32_t>(prompt.size()) - 1});
+    ASSERT_EQ(logits.size(), static_cast<size_t>(vocab));
 
     std::vector<float> want = DecodeBase64Floats(c["last_logits_b64"]);
     ASSERT_EQ(want.size(), logits.size());
@@ -141,18 +133,11 @@ TEST_F(SmolLM2Conformance, GreedyStepsAgreeWithLlamaCppWhereTheChoiceIsClear) {
     std::vector<int32_t> greedy = c["greedy_tokens"];
     std::vector<int32_t> seq = prompt;
     seq.insert(seq.end(), greedy.begin(), greedy.end() - 1);
-    KvCacheManager& kv = engine_->kv();
-    SeqId s = kv.AddSequence();
-    ASSERT_TRUE(kv.Reserve(s, static_cast<int32_t>(seq.size())).ok());
-    ForwardBatch b;
-    std::vector<int32_t> pos(seq.size());
-    for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
-    b.AddSequence(s, seq, pos, 0, nullptr);
+    std::vector<int32_t> rows;
     for (size_t k = 0; k < greedy.size(); ++k)
-      b.logit_rows.push_back(static_cast<int32_t>(prompt.size() + k) - 1);
-    std::vector<float> logits(greedy.size() * vocab);
-    ASSERT_TRUE(engine_->runner().Forward(b, kv, logits).ok());
-    kv.RemoveSequence(s);
+      rows.push_back(static_cast<int32_t>(prompt.size() + k) - 1);
+    std::vector<float> logits = testing::PromptLogits(engine_->runner(), engine_->kv(), seq, rows);
+    ASSERT_EQ(logits.size(), greedy.size() * vocab);
     int agree = 0;
     for (size_t k = 0; k < greedy.size(); ++k) {
       const int32_t ours =

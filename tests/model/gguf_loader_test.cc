@@ -91,24 +91,7 @@ std::string WriteTemp(const std::string& name, const std::string& bytes) {
   return path;
 }
 
-std::vector<float> LastLogits(std::shared_ptr<Model> model, const std::vector<int32_t>& toks) {
-  CpuRunnerOptions o;
-  o.num_threads = 1;
-  o.num_kv_blocks = 8;
-  auto runner = CpuModelRunner::Create(model, o);
-  EXPECT_TRUE(runner.ok()) << runner.status().ToString();
-  KvCacheManager kv(8, 16);
-  SeqId s = kv.AddSequence();
-  EXPECT_TRUE(kv.Reserve(s, static_cast<int32_t>(toks.size())).ok());
-  ForwardBatch b;
-  std::vector<int32_t> pos(toks.size());
-  for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
-  b.AddSequence(s, toks, pos, 0, nullptr);
-  b.logit_rows = {static_cast<int32_t>(toks.size()) - 1};
-  std::vector<float> logits(model->config().vocab_size);
-  EXPECT_TRUE((*runner)->Forward(b, kv, logits).ok());
-  return logits;
-}
+using testing::LastLogits;
 
 TEST(GgufLoader, SameWeightsAsLlama2cGiveIdenticalLogits) {
   RandomWeights w(11);

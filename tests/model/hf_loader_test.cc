@@ -285,25 +285,7 @@ struct RandomHfModel {
   }
 };
 
-std::vector<float> LastLogits(std::shared_ptr<Model> model, const std::vector<int32_t>& toks) {
-  CpuRunnerOptions o;
-  o.num_threads = 1;
-  o.num_kv_blocks = 8;
-  auto runner = CpuModelRunner::Create(model, o);
-  EXPECT_TRUE(runner.ok()) << runner.status().ToString();
-  if (!runner.ok()) return {};
-  KvCacheManager kv(8, 16);
-  SeqId s = kv.AddSequence();
-  EXPECT_TRUE(kv.Reserve(s, static_cast<int32_t>(toks.size())).ok());
-  ForwardBatch b;
-  std::vector<int32_t> pos(toks.size());
-  for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
-  b.AddSequence(s, toks, pos, 0, nullptr);
-  b.logit_rows = {static_cast<int32_t>(toks.size()) - 1};
-  std::vector<float> logits(model->config().vocab_size);
-  EXPECT_TRUE((*runner)->Forward(b, kv, logits).ok());
-  return logits;
-}
+using testing::LastLogits;
 
 const std::vector<int32_t> kTokens = {1, 5, 9, 33, 7, 2, 60, 17, 44, 3};
 
@@ -773,7 +755,7 @@ TEST(HfLoader, BadConfigsAreCleanErrors) {
        "mistral"},
       {"rope_scaling",
        [](Json& j) {
-         j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8}};
+         j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 8}};
        },
        StatusCode::kUnimplemented, "rope_scaling"},
       {"rope_scaling string", [](Json& j) { j["rope_scaling"] = "linear"; },
