@@ -1,5 +1,7 @@
 #include "model/gguf_loader.h"
 
+#include <cstring>
+
 #include "tokenizer/bpe_tokenizer.h"
 #include "tokenizer/llama2c_tokenizer.h"
 
@@ -38,9 +40,33 @@ StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g) {
     return UnimplementedError("GGUF '" + g.path() + "': partial rotary embedding (" +
                               std::to_string(rope_dims) + " of " + std::to_string(c.head_dim) +
                               " dims) is not supported");
+  // RoPE scaling, as llama.cpp reads it: `rope.scaling.factor` (or the older `rope.scale_linear`)
+  // gives freq_scale = 1 / factor, applied to every frequency (linear interpolation); Llama 3's
+  // scheme is stored by convert_hf_to_gguf.py as a `rope_freqs.weight` tensor of head_dim / 2
+  // divisors ("freq_factors" of ggml_rope_ext). yarn/longrope are not supported.
   SI_ASSIGN_OR_RETURN(std::string_view scaling, g.GetString(Key(arch, "rope.scaling.type"), "none"));
-  if (scaling != "none" || g.FindTensor("rope_freqs.weight") != nullptr)
-    return UnimplementedError("GGUF '" + g.path() + "': RoPE scaling is not supported yet");
+  if (scaling != "none" && scaling != "linear")
+    return UnimplementedError("GGUF '" + g.path() + "': RoPE scaling type '" +
+                              std::string(scaling) + "' is not supported (none, linear)");
+  float factor = 0.0f;  // 0: not given (llama.cpp's convention too)
+  if (g.Find(Key(arch, "rope.scaling.factor")) != nullptr) {
+    SI_ASSIGN_OR_RETURN(factor, g.GetF32(Key(arch, "rope.scaling.factor")));
+  } else if (g.Find(Key(arch, "rope.scale_linear")) != nullptr) {
+    SI_ASSIGN_OR_RETURN(factor, g.GetF32(Key(arch, "rope.scale_linear")));
+  }
+  if (scaling == "linear" && factor == 0.0f)
+    return InvalidArgumentError("GGUF '" + g.path() + "': RoPE scaling type 'linear' without " +
+                                Key(arch, "rope.scaling.factor"));
+  if (factor != 0.0f && factor != 1.0f) {
+    c.rope_scaling.type = RopeScalingType::kLinear;
+    c.rope_scaling.factor = factor;
+  }
+  if (g.FindTensor("rope_freqs.weight") != nullptr) {
+    const int64_t half = c.head_dim > 0 ? c.head_dim / 2 : 0;
+    SI_ASSIGN_OR_RETURN(WeightVector ff, g.GetF32Vector("rope_freqs.weight", half));
+    c.rope_freq_factors.resize(static_cast<size_t>(half));
+    if (half > 0) std::memcpy(c.rope_freq_factors.data(), ff.data, sizeof(float) * half);
+  }
   if (const GgufValue* v = g.Find(Key(arch, "vocab_size"))) {
     SI_ASSIGN_OR_RETURN(c.vocab_size, v->AsInt<int32_t>());
   } else {

@@ -139,6 +139,45 @@ class WeightReader {
   Model& model_;
 };
 
+// config.json's "rope_scaling" (not null): {"rope_type" (or legacy "type"): "default" | "linear" |
+// "llama3", ...}. Other schemes (yarn, dynamic, longrope...) are Unimplemented; missing or mistyped
+// parameters of a supported scheme are InvalidArgument. Values are range-checked by Validate().
+StatusOr<RopeScaling> ParseRopeScaling(const Json& s, const std::string& where) {
+  auto shown = [&] {
+    std::string t = s.dump();
+    return t.size() > 120 ? t.substr(0, 120) + "..." : t;
+  };
+  if (!s.is_object()) {
+    return UnimplementedError(where + ": rope_scaling " + shown() +
+                              " is not supported (expected an object with rope_type)");
+  }
+  ConfigReader r(s, where + ": rope_scaling");
+  std::string type;
+  if (r.Find("rope_type") != nullptr) {
+    SI_ASSIGN_OR_RETURN(type, r.String("rope_type"));
+  } else {
+    SI_ASSIGN_OR_RETURN(type, r.String("type", "default"));
+  }
+  RopeScaling out;
+  if (type == "default") return out;
+  if (type == "linear") {
+    out.type = RopeScalingType::kLinear;
+    SI_ASSIGN_OR_RETURN(out.factor, r.Float("factor"));
+    return out;
+  }
+  if (type == "llama3") {
+    out.type = RopeScalingType::kLlama3;
+    SI_ASSIGN_OR_RETURN(out.factor, r.Float("factor"));
+    SI_ASSIGN_OR_RETURN(out.low_freq_factor, r.Float("low_freq_factor"));
+    SI_ASSIGN_OR_RETURN(out.high_freq_factor, r.Float("high_freq_factor"));
+    SI_ASSIGN_OR_RETURN(out.original_max_position_embeddings,
+                        r.Int("original_max_position_embeddings"));
+    return out;
+  }
+  return UnimplementedError(where + ": rope_scaling " + shown() + ": rope_type '" + type +
+                            "' is not supported (default, linear, llama3)");
+}
+
 StatusOr<ModelConfig> ParseConfig(const Json& j, const std::string& where) {
   if (!j.is_object()) return InvalidArgumentError(where + " is not a JSON object");
   ConfigReader r(j, where);
@@ -180,19 +219,7 @@ StatusOr<ModelConfig> ParseConfig(const Json& j, const std::string& where) {
   if (partial != 1.0f)
     return UnimplementedError(where + ": partial rotary embedding is not supported");
   if (const Json* s = r.Find("rope_scaling")) {
-    // {"rope_type": "default"} is plain RoPE; every real scaling scheme is not supported yet.
-    std::string type;
-    if (s->is_object()) {
-      auto it = s->find("rope_type");
-      if (it == s->end()) it = s->find("type");
-      if (it != s->end() && it->is_string()) type = it->get<std::string>();
-    }
-    if (type != "default") {
-      std::string shown = s->dump();
-      if (shown.size() > 120) shown = shown.substr(0, 120) + "...";
-      return UnimplementedError(where + ": rope_scaling " + shown +
-                                " is not supported yet (only null)");
-    }
+    SI_ASSIGN_OR_RETURN(c.rope_scaling, ParseRopeScaling(*s, where));
   }
   Status valid = c.Validate();
   if (!valid.ok()) return valid.WithContext(where);

@@ -5,10 +5,12 @@
 // used in place from the mappings in their stored type; norm gains and biases stored as F16/BF16
 // are widened to F32 into buffers the Model owns. Hugging Face checkpoints rotate the halves of
 // each head (pairs (i, i + head_dim/2)), so the config gets RopeStyle::kHalf and the Q/K weights
-// are used as they are (no permutation, unlike GGUF "llama").
+// are used as they are (no permutation, unlike GGUF "llama"). rope_scaling: null/"default",
+// "linear" (factor) and "llama3" (factor, low/high_freq_factor, original_max_position_embeddings).
 //
 // Errors: NotFound for a missing config.json or weights file; InvalidArgument for a config key
-// that is missing or of the wrong type; Unimplemented for an unsupported model_type, rope_scaling,
+// that is missing or of the wrong type; Unimplemented for an unsupported model_type, rope_scaling
+// type (yarn, dynamic, longrope...),
 // sliding window, activation or weight dtype; DataLoss for corrupt safetensors or tensors of the
 // wrong shape. Every message names the file and the key or tensor.
 #pragma once

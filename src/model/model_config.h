@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "specinfer/status.h"
 
@@ -12,6 +13,26 @@ namespace specinfer {
 enum class RopeStyle : uint8_t {
   kInterleaved,  // pairs (2i, 2i+1): llama2.c checkpoints and GGUF "llama" (Q/K pre-permuted)
   kHalf,         // pairs (i, i + head_dim/2): Hugging Face checkpoints ("neox" style)
+};
+
+// RoPE frequency scaling (context extension) as declared by the checkpoint.
+enum class RopeScalingType : uint8_t {
+  kNone,    // plain RoPE
+  kLinear,  // position interpolation: every inverse frequency divided by `factor`
+  kLlama3,  // Llama 3.1/3.2: low frequencies divided by `factor`, high ones kept, smooth between
+};
+
+struct RopeScaling {
+  RopeScalingType type = RopeScalingType::kNone;
+  float factor = 1.0f;            // linear and llama3
+  float low_freq_factor = 1.0f;   // llama3 only
+  float high_freq_factor = 4.0f;  // llama3 only
+  int32_t original_max_position_embeddings = 8192;  // llama3 only: pre-extension context
+
+  // Checks the parameters the type uses (factor >= 1, positive values, low < high for llama3).
+  // DataLoss naming the offending field, like ModelConfig::Validate.
+  Status Validate() const;
+  std::string ToString() const;
 };
 
 struct ModelConfig {
@@ -29,6 +50,11 @@ struct ModelConfig {
   RopeStyle rope_style = RopeStyle::kInterleaved;
   bool tied_output = true;  // output matrix is the token embedding
   bool attention_bias = false;  // q/k/v projections carry biases (Qwen2)
+  RopeScaling rope_scaling;     // from config.json's rope_scaling / GGUF rope.scaling.*
+  // Per-pair divisors of the inverse frequencies (GGUF `rope_freqs.weight`, llama.cpp's
+  // "freq_factors": theta_i = pos * base^(-2i/d) / rope_freq_factors[i]). Empty: none.
+  // Applied on top of rope_scaling.
+  std::vector<float> rope_freq_factors;
 
   int32_t kv_dim() const { return n_kv_heads * head_dim; }
   int32_t q_dim() const { return n_heads * head_dim; }
@@ -39,5 +65,12 @@ struct ModelConfig {
 
   std::string ToString() const;
 };
+
+// The head_dim / 2 rotary inverse frequencies of `c`, scaling included: the one place they are
+// computed. Unscaled: 1.0f / powf(rope_theta, 2i / head_dim) in float (bit-identical to the
+// reference llama2.c numbers); then rope_scaling (linear: / factor; llama3: transformers'
+// _compute_llama3_parameters); then / rope_freq_factors[i] when present.
+// Assumes c.Validate() passed (head_dim even and positive).
+std::vector<float> RopeInvFrequencies(const ModelConfig& c);
 
 }  // namespace specinfer

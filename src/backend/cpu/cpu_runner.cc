@@ -36,7 +36,7 @@ CpuModelRunner::CpuModelRunner(std::shared_ptr<const Model> model,
       num_kv_blocks_(options.num_kv_blocks),
       kv_block_size_(options.kv_block_size) {
   const ModelConfig& c = model_->config();
-  rope_ = cpu::RopeTable(c.head_dim, c.rope_theta, std::min(c.max_seq_len, 1 << 16));
+  rope_ = cpu::RopeTable(RopeInvFrequencies(c), std::min(c.max_seq_len, 1 << 16));
   kv_slots_ = static_cast<int64_t>(num_kv_blocks_) * kv_block_size_;
   kv_dim_ = c.kv_dim();
 }

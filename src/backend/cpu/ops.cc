@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace specinfer::cpu {
 
@@ -14,15 +15,16 @@ void RmsNorm(const float* x, const float* w, float* out, int64_t n, float eps) {
   for (int64_t i = 0; i < n; ++i) out[i] = w[i] * (scale * x[i]);
 }
 
-RopeTable::RopeTable(int32_t head_dim, float theta, int32_t max_pos)
-    : head_dim_(head_dim), theta_(theta), max_pos_(max_pos) {
-  const int32_t half = head_dim / 2;
-  cos_.resize(static_cast<size_t>(max_pos) * half);
+RopeTable::RopeTable(std::vector<float> inv_freq, int32_t max_pos)
+    : head_dim_(static_cast<int32_t>(2 * inv_freq.size())),
+      inv_freq_(std::move(inv_freq)),
+      max_pos_(std::max<int32_t>(max_pos, 0)) {
+  const int32_t half = head_dim_ / 2;
+  cos_.resize(static_cast<size_t>(max_pos_) * half);
   sin_.resize(cos_.size());
-  for (int32_t p = 0; p < max_pos; ++p) {
+  for (int32_t p = 0; p < max_pos_; ++p) {
     for (int32_t i = 0; i < half; ++i) {
-      float freq = 1.0f / std::pow(theta_, static_cast<float>(2 * i) / static_cast<float>(head_dim));
-      float angle = static_cast<float>(p) * freq;
+      float angle = static_cast<float>(p) * inv_freq_[i];
       cos_[static_cast<size_t>(p) * half + i] = std::cos(angle);
       sin_[static_cast<size_t>(p) * half + i] = std::sin(angle);
     }
@@ -36,8 +38,7 @@ void RopeTable::Angle(int32_t pos, int32_t i, float* c, float* s) const {
     *s = sin_[k];
     return;
   }
-  float freq = 1.0f / std::pow(theta_, static_cast<float>(2 * i) / static_cast<float>(head_dim_));
-  float angle = static_cast<float>(pos) * freq;
+  float angle = static_cast<float>(pos) * inv_freq_[i];
   *c = std::cos(angle);
   *s = std::sin(angle);
 }

@@ -13,11 +13,13 @@ namespace specinfer::cpu {
 // out[i] = x[i] * w[i] / sqrt(mean(x^2) + eps), for i < n. out may alias x.
 void RmsNorm(const float* x, const float* w, float* out, int64_t n, float eps);
 
-// Precomputed rotary cos/sin for positions [0, max_pos): [max_pos, head_dim / 2] each.
+// Precomputed rotary cos/sin for positions [0, max_pos): [max_pos, head_dim / 2] each, from the
+// head_dim / 2 inverse frequencies (RopeInvFrequencies(config): scaling already applied).
+// angle(pos, i) = float(pos) * inv_freq[i].
 class RopeTable {
  public:
   RopeTable() = default;
-  RopeTable(int32_t head_dim, float theta, int32_t max_pos);
+  RopeTable(std::vector<float> inv_freq, int32_t max_pos);
   // Rotates `num_heads` heads of `vec` ([num_heads, head_dim]) to position `pos`.
   // Positions beyond the table are computed on the fly.
   void Apply(float* vec, int32_t num_heads, int32_t pos, RopeStyle style) const;
@@ -25,7 +27,7 @@ class RopeTable {
  private:
   void Angle(int32_t pos, int32_t i, float* c, float* s) const;
   int32_t head_dim_ = 0;
-  float theta_ = 10000.0f;
+  std::vector<float> inv_freq_;  // [head_dim / 2]
   int32_t max_pos_ = 0;
   std::vector<float> cos_, sin_;  // [max_pos, head_dim / 2]
 };
