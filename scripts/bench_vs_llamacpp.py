@@ -81,10 +81,13 @@ def run_llamacpp(model, threads, prompt, gen, runs, kv_type):
     import numpy as np
     import llama_cpp
 
+    # llama.cpp's worker threads spin at barriers: with another busy process on the same cores
+    # its speed collapses (several times slower), far more than a blocking thread pool's would.
     kw = {}
     if kv_type == "f32":
         kw = dict(type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
     n_ctx = max(512, prompt + gen + 16)
+    t_load = time.perf_counter()
     llm = llama_cpp.Llama(model_path=model, n_ctx=n_ctx, n_batch=max(prompt, 32),
                           n_ubatch=max(prompt, 32), n_threads=threads, n_threads_batch=threads,
                           logits_all=False, flash_attn=False, seed=0, verbose=False, **kw)
@@ -103,7 +106,11 @@ def run_llamacpp(model, threads, prompt, gen, runs, kv_type):
         t2 = time.perf_counter()
         return prompt / (t1 - t0), gen / (t2 - t1)
 
+    t_load = time.perf_counter() - t_load
+    t_warm = time.perf_counter()
     one_run()  # warm-up
+    t_warm = time.perf_counter() - t_warm
+    print(f"llama.cpp: model load {t_load:.2f} s, warm-up run {t_warm:.2f} s", flush=True)
     pre, dec = zip(*[one_run() for _ in range(runs)])
     version = getattr(llama_cpp, "__version__", "?")
     sysinfo = llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
@@ -169,10 +176,10 @@ def main():
     if spec:
         print(f"{'specinfer':12} {spec[0]:14.1f} {spec[1]:14.1f}")
         print(f"{'ratio s/l':12} {spec[0] / lp:14.2f} {spec[1] / ld:14.2f}")
-    busy = max(load_before[0], os.getloadavg()[0])
-    if busy > 0.5 * affinity:
-        print(f"warning: load average {busy:.2f} on {affinity} usable cores - the machine was "
-              f"busy, the figures are noisy")
+    # The load after a run includes the benchmark's own threads; judge by the load before.
+    if load_before[0] > 0.5 * affinity:
+        print(f"warning: 1-minute load average {load_before[0]:.2f} on {affinity} usable cores "
+              f"before the run - the machine was busy, the figures are noisy")
     return 0
 
 

@@ -165,7 +165,7 @@ def generate(args):
         # Steps before the first near-tie: a tolerance-aware test can require exact agreement
         # of that many tokens for the margin its noise level allows.
         safe = {str(th): next((i for i, m in enumerate(margins) if m < th), N_GEN)
-                for th in (0.01, 0.05, 0.1, 0.25)}
+                for th in (0.01, 0.05, 0.1, 0.25, 0.5, 1.0)}
         cases.append(dict(
             name=name, prompt=text, parse_special=special, prompt_tokens=toks,
             prompt_pieces=[llm.detokenize([t], special=True).decode("utf-8", "replace")
@@ -188,7 +188,8 @@ def generate(args):
         same = next((i for i, (a, b) in enumerate(zip(gen, c["greedy_tokens"])) if a != b), None)
         c["kv_f16_check"] = dict(
             last_logits_max_abs_diff=round(float(np.max(np.abs(last - ref))), 6),
-            greedy_first_divergence=same)
+            greedy_first_divergence=same,
+            margin_at_divergence=None if same is None else c["greedy_steps"][same]["margin"])
     del llm16
 
     return dict(
@@ -220,6 +221,15 @@ def generate(args):
             "small another correct implementation may choose top2 and diverge from there on.",
             "kv_f16_check: the same run with llama.cpp's default f16 KV cache; the logit "
             "difference it shows is a yard stick for acceptable tolerances.",
+            "Sensitivity (measured when these vectors were made): this model's logits move a "
+            "lot under small perturbations. f16 instead of f32 KV cache: max |dlogit| 0.65-1.0, "
+            "mean 0.1-0.25, and greedy flips at margins up to ~0.4. A float64 numpy forward pass "
+            "on the dequantized weights (no activation quantization) differs from these logits "
+            "by max 0.64-1.0, mean 0.11-0.32; emulating Q8 activation quantization in it does "
+            "not bring it much closer (max 0.5-0.97). All agree on the argmax at the last prompt "
+            "position. Tests should compare logits with loose absolute tolerances (about 1.5 "
+            "max, 0.4 mean) or by top-k overlap / correlation, and demand exact greedy tokens "
+            "only up to steps_before_margin_below['0.5'] or ['1.0'].",
         ],
         cases=cases,
     )
