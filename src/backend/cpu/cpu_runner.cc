@@ -108,9 +108,8 @@ Status CpuModelRunner::Forward(const ForwardBatch& batch, const KvCacheManager& 
     // --- attention block ---
     for (int64_t t = 0; t < n; ++t)
       cpu::RmsNorm(&x_[t * dim], l.attn_norm.data, &xb_[t * dim], dim, c.norm_eps);
-    cpu::MatMul(l.wq, xb_.data(), n, q_.data(), pool_, act_scratch_, inv);
-    cpu::MatMul(l.wk, xb_.data(), n, k_.data(), pool_, act_scratch_, inv);
-    cpu::MatMul(l.wv, xb_.data(), n, v_.data(), pool_, act_scratch_, inv);
+    const cpu::MatMulTarget qkv[] = {{&l.wq, q_.data()}, {&l.wk, k_.data()}, {&l.wv, v_.data()}};
+    cpu::MatMulShared(qkv, xb_.data(), n, pool_, act_scratch_, inv);
     AddBias(q_.data(), l.bq, n, q_dim);
     AddBias(k_.data(), l.bk, n, kv_dim);
     AddBias(v_.data(), l.bv, n, kv_dim);
@@ -131,8 +130,8 @@ Status CpuModelRunner::Forward(const ForwardBatch& batch, const KvCacheManager& 
     // --- feed-forward block ---
     for (int64_t t = 0; t < n; ++t)
       cpu::RmsNorm(&x_[t * dim], l.ffn_norm.data, &xb_[t * dim], dim, c.norm_eps);
-    cpu::MatMul(l.w_gate, xb_.data(), n, gate_.data(), pool_, act_scratch_, inv);
-    cpu::MatMul(l.w_up, xb_.data(), n, up_.data(), pool_, act_scratch_, inv);
+    const cpu::MatMulTarget gate_up[] = {{&l.w_gate, gate_.data()}, {&l.w_up, up_.data()}};
+    cpu::MatMulShared(gate_up, xb_.data(), n, pool_, act_scratch_, inv);
     cpu::SwiGlu(gate_.data(), up_.data(), n * hidden);
     cpu::MatMul(l.w_down, gate_.data(), n, xb_.data(), pool_, act_scratch_, inv);
     for (int64_t i = 0; i < n * dim; ++i) x_[i] += xb_[i];

@@ -22,17 +22,31 @@ void GetRow(const WeightMatrix& w, int64_t r, float* dst) {
 
 void MatMul(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool& pool,
             std::vector<uint8_t>& scratch, bool batch_invariant) {
-  const int64_t rows = w.rows, cols = w.cols;
-  if (!batch_invariant && w.type == DType::kF32 && n >= kBlasMinRows) {
+  const MatMulTarget target{&w, y};
+  MatMulShared(std::span(&target, 1), x, n, pool, scratch, batch_invariant);
+}
+
+void MatMulShared(std::span<const MatMulTarget> targets, const float* x, int64_t n,
+                  ThreadPool& pool, std::vector<uint8_t>& scratch, bool batch_invariant) {
+  const WeightMatrix& w0 = *targets[0].w;
+  const int64_t cols = w0.cols;
+  bool same = true;
+  for (const MatMulTarget& t : targets) same = same && t.w->type == w0.type && t.w->cols == cols;
+  if (!same || (!batch_invariant && w0.type == DType::kF32 && n >= kBlasMinRows)) {
+    if (targets.size() > 1 || !same) {
+      for (const MatMulTarget& t : targets) MatMulShared(std::span(&t, 1), x, n, pool, scratch,
+                                                         batch_invariant);
+      return;
+    }
     openblas_set_num_threads(pool.num_threads());
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
-                static_cast<int>(rows), static_cast<int>(cols), 1.0f, x, static_cast<int>(cols),
-                static_cast<const float*>(w.data), static_cast<int>(cols), 0.0f, y,
-                static_cast<int>(rows));
+                static_cast<int>(w0.rows), static_cast<int>(cols), 1.0f, x,
+                static_cast<int>(cols), static_cast<const float*>(w0.data),
+                static_cast<int>(cols), 0.0f, targets[0].y, static_cast<int>(w0.rows));
     return;
   }
 
-  const TypeOps* ops = GetTypeOps(w.type);
+  const TypeOps* ops = GetTypeOps(w0.type);
   assert(ops && ops->vec_dot);
   // Convert the activations once, then dot every weight row with them in its stored format.
   const uint8_t* act = reinterpret_cast<const uint8_t*>(x);
@@ -47,25 +61,36 @@ void MatMul(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPo
     act = scratch.data();
   }
 
-  // Work unit: a strip of weight rows against every token, so the strip stays in cache while
-  // the tokens stream past it.
+  // Work unit: a strip of weight rows of one target against every token, so the strip stays in
+  // cache while the tokens stream past it. Strips of all targets are numbered consecutively.
   const int64_t strip = 16;
-  const int64_t strips = (rows + strip - 1) / strip;
+  int64_t strip_begin[8];
+  const size_t num_targets = targets.size();
+  assert(num_targets <= 8);
+  int64_t strips = 0;
+  for (size_t i = 0; i < num_targets; ++i) {
+    strip_begin[i] = strips;
+    strips += (targets[i].w->rows + strip - 1) / strip;
+  }
   auto vec_dot = ops->vec_dot;
+  const size_t w_row_bytes = RowBytes(w0.type, cols);
   // At least ~64K multiply-adds per chunk: below that, waking another thread costs more than
   // it saves (a chunk count of 1 runs inline).
   const int64_t strip_work = strip * cols * n;
   const int64_t grain = std::max<int64_t>(
       std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, strip_work)),
       strips / (4 * pool.num_threads()));
-  const uint8_t* wdata = static_cast<const uint8_t*>(w.data);
-  const size_t w_row_bytes = RowBytes(w.type, cols);
   pool.ParallelFor(strips, [&](int64_t sb, int64_t se) {
+    size_t ti = 0;
     for (int64_t s = sb; s < se; ++s) {
-      const int64_t r0 = s * strip, r1 = std::min(rows, r0 + strip);
+      while (ti + 1 < num_targets && s >= strip_begin[ti + 1]) ++ti;
+      const WeightMatrix& w = *targets[ti].w;
+      const uint8_t* wdata = static_cast<const uint8_t*>(w.data);
+      const int64_t rows = w.rows;
+      const int64_t r0 = (s - strip_begin[ti]) * strip, r1 = std::min(rows, r0 + strip);
       for (int64_t t = 0; t < n; ++t) {
         const uint8_t* xa = act + t * act_row_bytes;
-        float* yt = y + t * rows;
+        float* yt = targets[ti].y + t * rows;
         for (int64_t r = r0; r < r1; ++r) yt[r] = vec_dot(cols, wdata + r * w_row_bytes, xa);
       }
     }

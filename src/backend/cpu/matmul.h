@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "common/thread_pool.h"
@@ -20,6 +21,16 @@ namespace specinfer::cpu {
 inline constexpr int64_t kBlasMinRows = 16;
 void MatMul(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool& pool,
             std::vector<uint8_t>& scratch, bool batch_invariant = true);
+
+// Several products of the same input, y_i = x w_i^T (all w_i with the same cols and type), in one
+// parallel pass with one conversion of x: fewer thread wake-ups per decode step than calling
+// MatMul for each. Results are bit-identical to separate MatMul calls.
+struct MatMulTarget {
+  const WeightMatrix* w;
+  float* y;  // [n, w->rows]
+};
+void MatMulShared(std::span<const MatMulTarget> targets, const float* x, int64_t n,
+                  ThreadPool& pool, std::vector<uint8_t>& scratch, bool batch_invariant = true);
 
 // Writes row `r` of `w` as float32 into dst[0, w.cols).
 void GetRow(const WeightMatrix& w, int64_t r, float* dst);
