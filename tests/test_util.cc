@@ -2,7 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "backend/cpu/cpu_runner.h"
 
@@ -28,6 +32,58 @@ std::string Llama2TokenizerBin() {
 std::string Llama2TokenizerModel() {
   return FirstExisting(SourcePath("tests/data/llama2-tokenizer/tokenizer.model"),
                        SourcePath("../shared/models/llama2-tokenizer/tokenizer.model"));
+}
+
+std::string DefaultModel() {
+  std::string p = SourcePath("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+  return std::filesystem::exists(p) ? p : "";
+}
+
+std::vector<float> DecodeBase64Floats(std::string_view b64) {
+  static constexpr std::string_view kAlphabet =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string bytes;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char ch : b64) {
+    size_t v = kAlphabet.find(ch);
+    if (v == std::string_view::npos) continue;  // '=' padding
+    acc = (acc << 6) | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      bytes.push_back(static_cast<char>((acc >> bits) & 0xFF));
+    }
+  }
+  std::vector<float> out(bytes.size() / 4);
+  std::memcpy(out.data(), bytes.data(), out.size() * 4);
+  return out;
+}
+
+namespace {
+std::filesystem::path ScratchRoot() {
+  return std::filesystem::temp_directory_path() /
+         ("specinfer_test_" + std::to_string(::getpid()));
+}
+// Removes this process's scratch folder when the test binary exits.
+struct RemoveScratchRoot {
+  ~RemoveScratchRoot() {
+    std::error_code ec;
+    std::filesystem::remove_all(ScratchRoot(), ec);
+  }
+} remove_scratch_root;
+}  // namespace
+
+std::filesystem::path ScratchDir(const std::string& name) {
+  std::filesystem::path dir = ScratchRoot() / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+void WriteFile(const std::filesystem::path& path, const std::string& bytes) {
+  std::filesystem::create_directories(path.parent_path());
+  std::ofstream(path, std::ios::binary).write(bytes.data(), bytes.size());
 }
 
 std::vector<float> PromptLogits(ModelRunner& runner, KvCacheManager& kv,

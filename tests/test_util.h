@@ -2,8 +2,10 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backend/backend.h"
@@ -20,6 +22,21 @@ std::string Stories260KTokenizer();
 // tests/data if copied there). Empty string if absent.
 std::string Llama2TokenizerBin();
 std::string Llama2TokenizerModel();
+
+// The default model (SmolLM2-135M-Instruct Q4_1 GGUF, placed by scripts/fetch_model.sh), or an
+// empty string when it is absent (tests that need it skip).
+std::string DefaultModel();
+
+// Decodes base64 (padding ignored) of little-endian float32 values, as the reference generators
+// store logits.
+std::vector<float> DecodeBase64Floats(std::string_view b64);
+
+// A fresh, empty directory `name` under this process's scratch folder (in the system temp
+// directory, removed when the test binary exits).
+std::filesystem::path ScratchDir(const std::string& name);
+
+// Writes `bytes` to `path`, creating its parent directories.
+void WriteFile(const std::filesystem::path& path, const std::string& bytes);
 
 // Runs `tokens` as the prompt of a fresh sequence in one pass (positions 0..n-1) and returns the
 // logits of `rows` ([rows.size(), vocab], row-major); the sequence is removed afterwards. Test

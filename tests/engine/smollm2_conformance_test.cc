@@ -14,31 +14,9 @@
 namespace specinfer {
 namespace {
 
-std::string ModelPath() {
-  std::string p = testing::SourcePath("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-  return std::filesystem::exists(p) ? p : "";
-}
+using testing::DecodeBase64Floats;
 
-std::vector<float> DecodeBase64Floats(const std::string& b64) {
-  static const std::string kAlphabet =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string bytes;
-  uint32_t acc = 0;
-  int bits = 0;
-  for (char c : b64) {
-    size_t v = kAlphabet.find(c);
-    if (v == std::string::npos) continue;  // '=' padding
-    acc = (acc << 6) | static_cast<uint32_t>(v);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      bytes.push_back(static_cast<char>((acc >> bits) & 0xFF));
-    }
-  }
-  std::vector<float> out(bytes.size() / 4);
-  std::memcpy(out.data(), bytes.data(), out.size() * 4);
-  return out;
-}
+std::string ModelPath() { return testing::DefaultModel(); }
 
 class SmolLM2Conformance : public ::testing::Test {
  protected:
@@ -96,7 +74,7 @@ TEST_F(SmolLM2Conformance, LastPromptLogitsWithinQuantisationNoise) {
         engine_->runner(), engine_->kv(), prompt, {static_cast<int32_t>(prompt.size()) - 1});
     ASSERT_EQ(logits.size(), static_cast<size_t>(vocab));
 
-    std::vector<float> want = DecodeBase64Floats(c["last_logits_b64"]);
+    std::vector<float> want = DecodeBase64Floats(c["last_logits_b64"].get<std::string>());
     ASSERT_EQ(want.size(), logits.size());
     double max_err = 0, sum_err = 0, signed_sum = 0, sq = 0;
     for (int32_t i = 0; i < vocab; ++i) {

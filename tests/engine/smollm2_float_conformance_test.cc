@@ -30,31 +30,9 @@ constexpr double kLogitTolerance = 2e-3;  // absolute, logits of magnitude ~20
 constexpr double kMinMargin = 1e-3;       // reference top1 - top2 below this: a legitimate tie
 constexpr int32_t kContext = 256;
 
-std::string ModelPath() {
-  std::string p = testing::SourcePath("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-  return std::filesystem::exists(p) ? p : "";
-}
+using testing::DecodeBase64Floats;
 
-std::vector<float> DecodeBase64Floats(const std::string& b64) {
-  static const std::string kAlphabet =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string bytes;
-  uint32_t acc = 0;
-  int bits = 0;
-  for (char c : b64) {
-    size_t v = kAlphabet.find(c);
-    if (v == std::string::npos) continue;  // '=' padding
-    acc = (acc << 6) | static_cast<uint32_t>(v);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      bytes.push_back(static_cast<char>((acc >> bits) & 0xFF));
-    }
-  }
-  std::vector<float> out(bytes.size() / 4);
-  std::memcpy(out.data(), bytes.data(), out.size() * 4);
-  return out;
-}
+std::string ModelPath() { return testing::DefaultModel(); }
 
 // Steps of the reference greedy continuation that a float32 engine must reproduce: those before
 // the first whose margin is below kMinMargin (after a near-tie the texts may legitimately part).
@@ -146,7 +124,7 @@ TEST_F(SmolLM2FloatConformance, LastPromptLogitsMatchFloat64Reference) {
     SCOPED_TRACE(c["name"].get<std::string>());
     std::vector<int32_t> prompt = c["prompt_tokens"];
     std::vector<float> logits = Logits(prompt, {static_cast<int32_t>(prompt.size()) - 1});
-    std::vector<float> want = DecodeBase64Floats(c["last_logits_b64"]);
+    std::vector<float> want = DecodeBase64Floats(c["last_logits_b64"].get<std::string>());
     ASSERT_EQ(want.size(), static_cast<size_t>(vocab));
     double max_err = 0, sum_err = 0, max_abs = 0;
     for (int32_t i = 0; i < vocab; ++i) {

@@ -127,10 +127,7 @@ TEST(GgufLoader, MissingTensorAndBadMetadataAreClearErrors) {
   EXPECT_EQ(m2.status().code(), StatusCode::kUnimplemented);
 }
 
-std::string SmolLM2Path() {
-  std::string p = testing::SourcePath("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-  return std::filesystem::exists(p) ? p : "";
-}
+std::string SmolLM2Path() { return testing::DefaultModel(); }
 
 TEST(GgufLoader, LoadsSmolLM2WithItsVocabulary) {
   if (SmolLM2Path().empty()) GTEST_SKIP() << "default model absent (scripts/fetch_model.sh)";

@@ -7,7 +7,6 @@
 #include "model/hf_loader.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -89,28 +88,16 @@ std::vector<float> RoundTrip(const std::vector<float>& v, const std::string& dty
   return out;
 }
 
-void WriteFile(const fs::path& path, const std::string& bytes) {
-  fs::create_directories(path.parent_path());
-  std::ofstream(path, std::ios::binary).write(bytes.data(), bytes.size());
-}
+using testing::WriteFile;
 
+// This file's scratch folder (created once, first) and fresh subfolders of it.
 fs::path TestRoot() {
-  return fs::temp_directory_path() / ("specinfer_hf_loader_test_" + std::to_string(::getpid()));
+  static const fs::path root = testing::ScratchDir("hf_loader");
+  return root;
 }
-
-// Removes this process's files when the test binary exits.
-struct RemoveTestRoot {
-  ~RemoveTestRoot() {
-    std::error_code ec;
-    fs::remove_all(TestRoot(), ec);
-  }
-} remove_test_root;
-
 fs::path TestDir(const std::string& name) {
-  fs::path dir = TestRoot() / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
+  TestRoot();
+  return testing::ScratchDir("hf_loader/" + name);
 }
 
 // convert_hf_to_gguf.py's LlamaModel.permute: rows of each head go from HF's half-split order

@@ -5,7 +5,6 @@
 // giving the same logits at positions where the scaling matters, and different logits from the
 // unscaled model. Invalid scaling parameters are clean errors.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -144,27 +143,16 @@ TEST(RopeInvFrequencies, RopeTableUsesThem) {
 // ---------------------------------------------------------------------------------------------
 // Tiny random Llama as HF directory and GGUF.
 
-void WriteFile(const fs::path& path, const std::string& bytes) {
-  fs::create_directories(path.parent_path());
-  std::ofstream(path, std::ios::binary).write(bytes.data(), bytes.size());
-}
+using testing::WriteFile;
 
+// This file's scratch folder (created once, first) and fresh subfolders of it.
 fs::path TestRoot() {
-  return fs::temp_directory_path() / ("specinfer_rope_scaling_test_" + std::to_string(::getpid()));
+  static const fs::path root = testing::ScratchDir("rope_scaling");
+  return root;
 }
-
-struct RemoveTestRoot {
-  ~RemoveTestRoot() {
-    std::error_code ec;
-    fs::remove_all(TestRoot(), ec);
-  }
-} remove_test_root;
-
 fs::path TestDir(const std::string& name) {
-  fs::path dir = TestRoot() / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
+  TestRoot();
+  return testing::ScratchDir("rope_scaling/" + name);
 }
 
 // F32 safetensors with a header padded to 8 bytes.
