@@ -2,22 +2,25 @@
 
 namespace specinfer {
 
-TreeMask TreeMask::Causal(int32_t n) {
+TreeMask TreeMask::Empty(int32_t rows, int32_t cols) {
   TreeMask m;
-  m.num_tokens = n;
-  m.words_per_row = (n + 63) / 64;
-  m.bits.assign(static_cast<size_t>(n) * m.words_per_row, 0);
+  m.num_tokens = rows;
+  m.num_cols = cols;
+  m.words_per_row = (cols + 63) / 64;
+  m.bits.assign(static_cast<size_t>(rows) * m.words_per_row, 0);
+  return m;
+}
+
+TreeMask TreeMask::Causal(int32_t n) {
+  TreeMask m = Empty(n, n);
   for (int32_t i = 0; i < n; ++i)
     for (int32_t j = 0; j <= i; ++j) m.Set(i, j);
   return m;
 }
 
 TreeMask TreeMask::FromParents(std::span<const int32_t> parents) {
-  TreeMask m;
-  int32_t n = static_cast<int32_t>(parents.size());
-  m.num_tokens = n;
-  m.words_per_row = (n + 63) / 64;
-  m.bits.assign(static_cast<size_t>(n) * m.words_per_row, 0);
+  const int32_t n = static_cast<int32_t>(parents.size());
+  TreeMask m = Empty(n, n);
   for (int32_t i = 0; i < n; ++i) {
     m.Set(i, i);
     int32_t p = parents[i];
@@ -32,8 +35,9 @@ TreeMask TreeMask::FromParents(std::span<const int32_t> parents) {
 
 void ForwardBatch::AddSequence(SeqId seq, std::span<const int32_t> toks,
                                std::span<const int32_t> pos, int32_t kv_prefix,
-                               const TreeMask* mask) {
+                               const TreeMask* mask, int32_t masked_kv) {
   BatchSequence s;
+  s.masked_kv = masked_kv;
   s.seq = seq;
   s.token_begin = size();
   s.token_count = static_cast<int32_t>(toks.size());
@@ -49,9 +53,12 @@ Status ForwardBatch::Validate(int32_t vocab_size) const {
     return InvalidArgumentError("batch: positions and tokens differ in length");
   int32_t expect = 0;
   for (const BatchSequence& s : seqs) {
-    if (s.token_begin != expect || s.token_count <= 0 || s.kv_prefix < 0)
+    if (s.token_begin != expect || s.token_count <= 0 || s.kv_prefix < 0 || s.masked_kv < 0)
       return InvalidArgumentError("batch: sequences are not contiguous and non-empty");
+    if (s.masked_kv > 0 && s.mask == nullptr)
+      return InvalidArgumentError("batch: masked KV entries need a mask");
     if (s.mask && (s.mask->num_tokens != s.token_count ||
+                   s.mask->num_cols != s.masked_kv + s.token_count ||
                    s.mask->bits.size() !=
                        static_cast<size_t>(s.token_count) * s.mask->words_per_row))
       return InvalidArgumentError("batch: mask size does not match the sequence's tokens");

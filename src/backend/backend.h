@@ -7,8 +7,8 @@
 //   - causal prefill:    a chain, mask lower-triangular (mask == nullptr means exactly this);
 //   - token-tree verify: tree nodes in depth-first order, each row sees its ancestors and itself
 //                        (SpecInfer's topology-aware causal mask).
-// The K/V of every new token is written to the sequence's slots [kv_prefix, kv_prefix + count)
-// (the caller Reserve()s them in the KvCacheManager first); rotary positions come from
+// The K/V of every new token is written to the sequence's slots [kv_prefix + masked_kv,
+// kv_end()) (the caller Reserve()s them in the KvCacheManager first); rotary positions come from
 // `positions`, which for a tree are prefix + depth, not the layout order.
 //
 // Implementations: backend/cpu (the reference and fallback) and backend/cuda.
@@ -26,13 +26,18 @@
 
 namespace specinfer {
 
-// Packed attention mask over a sequence's new tokens: row i, bit j (word j / 64, bit j % 64)
-// set means new token i may attend to new token j.
+// Packed attention mask of a sequence's new tokens (rows) over its masked KV window (columns):
+// row i, bit j (word j / 64, bit j % 64) set means new token i may attend to window entry j. The
+// window is BatchSequence::masked_kv earlier tree entries followed by the new tokens themselves,
+// so with masked_kv == 0 columns and rows are the same new tokens.
 struct TreeMask {
-  int32_t num_tokens = 0;
-  int32_t words_per_row = 0;     // ceil(num_tokens / 64)
+  int32_t num_tokens = 0;        // rows
+  int32_t num_cols = 0;          // columns: masked_kv + num_tokens
+  int32_t words_per_row = 0;     // ceil(num_cols / 64)
   std::vector<uint64_t> bits;    // [num_tokens, words_per_row]
 
+  // All bits clear.
+  static TreeMask Empty(int32_t rows, int32_t cols);
   static TreeMask Causal(int32_t n);
   // parents[i] is the index of node i's parent among the new tokens, or -1 for a root (which sees
   // only the committed prefix and itself). Requires parents[i] < i (depth-first order).
@@ -50,7 +55,13 @@ struct BatchSequence {
   int32_t token_begin = 0;   // index of its first token in ForwardBatch::tokens
   int32_t token_count = 0;
   int32_t kv_prefix = 0;     // committed KV entries every new token sees
-  const TreeMask* mask = nullptr;  // nullptr: causal among the new tokens
+  // Entries after the prefix, already in the cache, that a new token sees only where the mask
+  // says: the upper levels of a token tree a draft model grows one level per pass. The new
+  // tokens go to positions [kv_prefix + masked_kv, kv_prefix + masked_kv + token_count).
+  int32_t masked_kv = 0;
+  const TreeMask* mask = nullptr;  // nullptr: causal among the new tokens (masked_kv must be 0)
+
+  int32_t kv_end() const { return kv_prefix + masked_kv + token_count; }
 };
 
 struct ForwardBatch {
@@ -66,7 +77,7 @@ struct ForwardBatch {
   int32_t size() const { return static_cast<int32_t>(tokens.size()); }
   // Appends `count` tokens of one sequence.
   void AddSequence(SeqId seq, std::span<const int32_t> toks, std::span<const int32_t> pos,
-                   int32_t kv_prefix, const TreeMask* mask);
+                   int32_t kv_prefix, const TreeMask* mask, int32_t masked_kv = 0);
   // Checks internal consistency (sizes, ranges, mask dimensions).
   Status Validate(int32_t vocab_size) const;
 };

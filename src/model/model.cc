@@ -18,6 +18,18 @@ void Model::Prefault(const std::function<void(double)>& progress) const {
   }
 }
 
+std::shared_ptr<Model> Model::FirstLayers(std::shared_ptr<const Model> base, int32_t n_layers) {
+  ModelConfig config = base->config();
+  config.n_layers = n_layers;
+  ModelWeights weights = base->weights();
+  weights.layers.resize(static_cast<size_t>(n_layers));
+  auto view = std::make_shared<Model>(std::move(config), std::move(weights),
+                                      base->source() + " (first " + std::to_string(n_layers) +
+                                          " layers)");
+  view->base_ = std::move(base);
+  return view;
+}
+
 static size_t MatrixBytes(const WeightMatrix& m) {
   return m.empty() ? 0 : static_cast<size_t>(m.rows) * RowBytes(m.type, m.cols);
 }

@@ -53,6 +53,11 @@ class Model {
   // Keeps an owned buffer alive (converted weights, e.g. norms stored as F16 on disk).
   float* AllocateOwned(size_t count);
 
+  // The first `n_layers` (1 <= n_layers <= base's) layers of `base` with its final norm and
+  // output matrix: the self-speculative draft model. Shares base's weights (no copy) and keeps
+  // base alive.
+  static std::shared_ptr<Model> FirstLayers(std::shared_ptr<const Model> base, int32_t n_layers);
+
   // Pages every backing file in (see MappedFile::Prefault); progress covers all files, 0..1.
   void Prefault(const std::function<void(double)>& progress) const;
 
@@ -65,6 +70,7 @@ class Model {
   std::string source_;
   std::vector<std::unique_ptr<MappedFile>> files_;
   std::vector<std::unique_ptr<float[]>> owned_;
+  std::shared_ptr<const Model> base_;  // the model whose weights this one views, if any
 };
 
 }  // namespace specinfer

@@ -31,8 +31,12 @@ void AddBias(float* y, const WeightVector& b, int64_t n, int64_t dim) {
 CpuModelRunner::CpuModelRunner(std::shared_ptr<const Model> model,
                                const CpuRunnerOptions& options)
     : model_(std::move(model)),
-      pool_(options.num_threads > 0 ? options.num_threads
-                                    : std::max(1u, std::thread::hardware_concurrency())),
+      pool_(options.pool ? options.pool
+                         : std::make_shared<ThreadPool>(
+                               options.num_threads > 0
+                                   ? options.num_threads
+                                   : static_cast<int>(
+                                         std::max(1u, std::thread::hardware_concurrency())))),
       num_kv_blocks_(options.num_kv_blocks),
       kv_block_size_(options.kv_block_size) {
   const ModelConfig& c = model_->config();
@@ -77,7 +81,7 @@ Status CpuModelRunner::Forward(const ForwardBatch& batch, const KvCacheManager& 
     return InvalidArgumentError("logits buffer too small");
   for (const BatchSequence& s : batch.seqs) {
     if (!kv.HasSequence(s.seq)) return InvalidArgumentError("batch names an unknown sequence");
-    if (kv.Length(s.seq) < s.kv_prefix + s.token_count)
+    if (kv.Length(s.seq) < s.kv_end())
       return FailedPreconditionError("KV slots not reserved for the batch");
     if (kv.BlockTable(s.seq).back() >= num_kv_blocks_)
       return InternalError("KV block outside this runner's storage");
@@ -99,7 +103,7 @@ Status CpuModelRunner::Forward(const ForwardBatch& batch, const KvCacheManager& 
 
   const bool inv = batch.batch_invariant;
   // Token embeddings.
-  pool_.ParallelFor(n, [&](int64_t b, int64_t e) {
+  pool_->ParallelFor(n, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) cpu::GetRow(w.token_embedding, batch.tokens[t], &x_[t * dim]);
   }, 1);
 
@@ -109,7 +113,7 @@ Status CpuModelRunner::Forward(const ForwardBatch& batch, const KvCacheManager& 
     for (int64_t t = 0; t < n; ++t)
       cpu::RmsNorm(&x_[t * dim], l.attn_norm.data, &xb_[t * dim], dim, c.norm_eps);
     const cpu::MatMulTarget qkv[] = {{&l.wq, q_.data()}, {&l.wk, k_.data()}, {&l.wv, v_.data()}};
-    cpu::MatMulShared(qkv, xb_.data(), n, pool_, act_scratch_, inv);
+    cpu::MatMulShared(qkv, xb_.data(), n, *pool_, act_scratch_, inv);
     AddBias(q_.data(), l.bq, n, q_dim);
     AddBias(k_.data(), l.bk, n, kv_dim);
     AddBias(v_.data(), l.bv, n, kv_dim);
@@ -118,22 +122,22 @@ Status CpuModelRunner::Forward(const ForwardBatch& batch, const KvCacheManager& 
         const int64_t t = s.token_begin + i;
         rope_.Apply(&q_[t * q_dim], c.n_heads, batch.positions[t], c.rope_style);
         rope_.Apply(&k_[t * kv_dim], c.n_kv_heads, batch.positions[t], c.rope_style);
-        const int64_t slot = kv.SlotOf(s.seq, s.kv_prefix + i);
+        const int64_t slot = kv.SlotOf(s.seq, s.kv_prefix + s.masked_kv + i);
         std::copy_n(&k_[t * kv_dim], kv_dim, KeyAt(layer, slot));
         std::copy_n(&v_[t * kv_dim], kv_dim, ValueAt(layer, slot));
       }
     }
     Attention(batch, kv, layer, q_.data(), att_.data());
-    cpu::MatMul(l.wo, att_.data(), n, xb_.data(), pool_, act_scratch_, inv);
+    cpu::MatMul(l.wo, att_.data(), n, xb_.data(), *pool_, act_scratch_, inv);
     for (int64_t i = 0; i < n * dim; ++i) x_[i] += xb_[i];
 
     // --- feed-forward block ---
     for (int64_t t = 0; t < n; ++t)
       cpu::RmsNorm(&x_[t * dim], l.ffn_norm.data, &xb_[t * dim], dim, c.norm_eps);
     const cpu::MatMulTarget gate_up[] = {{&l.w_gate, gate_.data()}, {&l.w_up, up_.data()}};
-    cpu::MatMulShared(gate_up, xb_.data(), n, pool_, act_scratch_, inv);
+    cpu::MatMulShared(gate_up, xb_.data(), n, *pool_, act_scratch_, inv);
     cpu::SwiGlu(gate_.data(), up_.data(), n * hidden);
-    cpu::MatMul(l.w_down, gate_.data(), n, xb_.data(), pool_, act_scratch_, inv);
+    cpu::MatMul(l.w_down, gate_.data(), n, xb_.data(), *pool_, act_scratch_, inv);
     for (int64_t i = 0; i < n * dim; ++i) x_[i] += xb_[i];
   }
 
@@ -143,7 +147,7 @@ Status CpuModelRunner::Forward(const ForwardBatch& batch, const KvCacheManager& 
     for (int64_t i = 0; i < m; ++i)
       cpu::RmsNorm(&x_[batch.logit_rows[i] * dim], w.final_norm.data, &final_[i * dim], dim,
                    c.norm_eps);
-    cpu::MatMul(w.output, final_.data(), m, logits.data(), pool_, act_scratch_, inv);
+    cpu::MatMul(w.output, final_.data(), m, logits.data(), *pool_, act_scratch_, inv);
   }
   return Status::Ok();
 }
@@ -168,13 +172,12 @@ void CpuModelRunner::Attention(const ForwardBatch& batch, const KvCacheManager& 
     for (int32_t i = 0; i < s.token_count; ++i) items.push_back({&s, i});
   const int64_t work = static_cast<int64_t>(items.size()) * c.n_kv_heads;
   // Chunks of at least ~32K multiply-adds (keys x head_dim x group, twice).
-  const int64_t keys = static_cast<int64_t>(batch.seqs.front().kv_prefix) +
-                       batch.seqs.front().token_count;
+  const int64_t keys = batch.seqs.front().kv_end();
   const int64_t item_work = std::max<int64_t>(1, keys * head_dim * group * 2);
   const int64_t grain = std::max<int64_t>(
-      std::max<int64_t>(1, (int64_t{1} << 15) / item_work), work / (4 * pool_.num_threads()));
+      std::max<int64_t>(1, (int64_t{1} << 15) / item_work), work / (4 * pool_->num_threads()));
 
-  pool_.ParallelFor(work, [&](int64_t wb, int64_t we) {
+  pool_->ParallelFor(work, [&](int64_t wb, int64_t we) {
     thread_local std::vector<float> scores;
     thread_local std::vector<int32_t> visible;
     for (int64_t wi = wb; wi < we; ++wi) {
@@ -184,10 +187,12 @@ void CpuModelRunner::Attention(const ForwardBatch& batch, const KvCacheManager& 
       const int64_t t = s.token_begin + it.i;
       std::span<const int32_t> table = kv.BlockTable(s.seq);
 
-      // Logical positions this token sees: the committed prefix, then its visible new tokens.
+      // Logical positions this token sees: the committed prefix, then what the mask lets it see
+      // of the earlier tree entries and the new tokens (in position order).
       visible.clear();
       for (int32_t p = 0; p < s.kv_prefix; ++p) visible.push_back(p);
-      for (int32_t j = 0; j < s.token_count; ++j) {
+      const int32_t window = s.masked_kv + s.token_count;
+      for (int32_t j = 0; j < window; ++j) {
         bool sees = s.mask ? s.mask->Get(it.i, j) : j <= it.i;
         if (sees) visible.push_back(s.kv_prefix + j);
       }

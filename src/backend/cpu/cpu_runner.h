@@ -20,6 +20,9 @@ struct CpuRunnerOptions {
   int32_t num_threads = 0;    // 0: all hardware threads
   int32_t num_kv_blocks = 0;  // KV storage, in blocks of kv_block_size positions
   int32_t kv_block_size = 16;
+  // Threads to run on, shared with other runners that take turns with this one (an LLM and its
+  // draft models); null: a pool of num_threads of its own.
+  std::shared_ptr<ThreadPool> pool;
 };
 
 class CpuModelRunner final : public ModelRunner {
@@ -36,7 +39,8 @@ class CpuModelRunner final : public ModelRunner {
   Status MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,
                 std::span<const int32_t> dst) override;
   int32_t num_kv_blocks() const override { return num_kv_blocks_; }
-  int32_t num_threads() const { return pool_.num_threads(); }
+  int32_t num_threads() const { return pool_->num_threads(); }
+  const std::shared_ptr<ThreadPool>& pool() const { return pool_; }
 
  private:
   CpuModelRunner(std::shared_ptr<const Model> model, const CpuRunnerOptions& options);
@@ -52,7 +56,7 @@ class CpuModelRunner final : public ModelRunner {
   }
 
   std::shared_ptr<const Model> model_;
-  ThreadPool pool_;
+  std::shared_ptr<ThreadPool> pool_;
   cpu::RopeTable rope_;
   int32_t num_kv_blocks_;
   int32_t kv_block_size_;
