@@ -1,0 +1,87 @@
+// Speculators (SpecInfer's SSMs): whatever proposes a token tree for a sequence.
+//
+// A Speculator is shared by every request that uses it (a draft model, its runner and KV cache);
+// a DraftSession is one sequence's state in it. Kinds, named by spec strings:
+//   model:PATH   a separate model that shares the LLM's vocabulary;
+//   layers:K     the LLM's own first K layers with its final norm and output matrix (the
+//                self-speculative draft: no second model, shares the LLM's weights);
+//   ngram[:N]    prompt lookup: continuations of earlier occurrences of the last N..1 tokens in
+//                the prompt and the text generated so far (no model at all).
+//
+// Model drafts expand level by level (SpecInfer's expansion-based construction): at step i every
+// frontier node gets the draft's top-k_i tokens under greedy decoding (deterministic proposals)
+// or k_i independent draws from the draft's distribution q under sampling (q recorded with each
+// proposal, for verifier.h). The draft runs incrementally on its own KV cache: each Propose
+// first brings the cache up to the sequence's committed tokens (keeping the common prefix with
+// what it holds, so rejected guesses leave nothing behind), then appends one tree level per pass
+// with a topology-aware mask.
+//
+// Thread safety: a Speculator's sessions are used by one thread at a time (the engine's loop).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "model/model.h"
+#include "sampling/sampler.h"
+#include "spec/token_tree.h"
+#include "tokenizer/tokenizer.h"
+
+namespace specinfer {
+
+class ThreadPool;
+
+struct DraftContext {
+  std::span<const int32_t> tokens;  // the sequence so far; its last token is the tree's root
+  const TreeShape* shape = nullptr;
+  int32_t max_depth = 0;            // the tree may not be deeper (what the request has left)
+  const SamplingParams* sampling = nullptr;
+  Rng* rng = nullptr;               // draws for sampled expansion
+  int32_t speculator_index = 0;     // recorded in the proposals (DraftTrial::speculator)
+};
+
+class DraftSession {
+ public:
+  virtual ~DraftSession() = default;
+  // A tree rooted at ctx.tokens.back(); a tree of the root alone when there is nothing to guess.
+  virtual StatusOr<TokenTree> Propose(const DraftContext& ctx) = 0;
+};
+
+class Speculator {
+ public:
+  virtual ~Speculator() = default;
+  // The spec string it was created from, e.g. "ngram:3", "layers:4", "model:draft.gguf".
+  virtual const std::string& name() const = 0;
+  // ResourceExhausted when the speculator's KV cache has no room for another sequence.
+  virtual StatusOr<std::unique_ptr<DraftSession>> StartSession() = 0;
+};
+
+struct SpeculatorOptions {
+  int32_t max_sequences = 1;   // sequences a model draft keeps KV for at once
+  int32_t kv_block_size = 16;
+  std::shared_ptr<ThreadPool> pool;  // threads shared with the LLM's runner; null: own threads
+  int32_t num_threads = 0;           // without a pool: 0 means all hardware threads
+  // The LLM's tokenizer: when given, a draft model's own vocabulary (if its file has one) must
+  // match it piece for piece, not only in size.
+  const Tokenizer* llm_tokenizer = nullptr;
+};
+
+// Creates a speculator for the LLM `llm` from a spec string (see the file comment).
+// InvalidArgument for a malformed spec, a layer count outside [1, llm layers), a draft model
+// whose vocabulary differs from the LLM's; load errors of a draft model pass through.
+StatusOr<std::unique_ptr<Speculator>> CreateSpeculator(std::string_view spec,
+                                                       std::shared_ptr<const Model> llm,
+                                                       const SpeculatorOptions& options);
+
+// Expansion of one node from a draft's logits there: under greedy `sampling` its top-k tokens
+// (deterministic proposals, highest first, lower id first among equals); otherwise k independent
+// draws from q = ComputeProbs(logits, sampling), with q stored in the tree for the verifier.
+void ProposeChildren(TokenTree& tree, int32_t node, std::span<const float> logits, int32_t k,
+                     const SamplingParams& sampling, Rng& rng, int32_t speculator);
+
+// Checks a spec string's syntax without loading anything (for request validation).
+Status ValidateSpeculatorSpec(std::string_view spec);
+
+}  // namespace specinfer

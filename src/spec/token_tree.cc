@@ -1,0 +1,158 @@
+#include "spec/token_tree.h"
+
+#include <charconv>
+#include <functional>
+
+namespace specinfer {
+
+int64_t TreeShape::MaxNodes() const {
+  int64_t total = 0, level = 1;
+  for (int32_t w : widths) {
+    level *= std::max(w, 0);
+    total += level;
+    if (total > (int64_t{1} << 40)) break;  // far past any limit; avoid overflow
+  }
+  return total;
+}
+
+Status TreeShape::Validate() const {
+  if (widths.empty()) return InvalidArgumentError("tree shape is empty (give widths like 1,1,3,1)");
+  if (depth() > kMaxDepth)
+    return InvalidArgumentError("tree depth " + std::to_string(depth()) + " exceeds " +
+                                std::to_string(kMaxDepth));
+  for (int32_t w : widths)
+    if (w < 1 || w > kMaxWidth)
+      return InvalidArgumentError("tree width " + std::to_string(w) + " outside [1, " +
+                                  std::to_string(kMaxWidth) + "]");
+  if (MaxNodes() > kMaxNodes)
+    return InvalidArgumentError("tree shape " + ToString() + " holds " +
+                                std::to_string(MaxNodes()) + " nodes, more than " +
+                                std::to_string(kMaxNodes));
+  return Status::Ok();
+}
+
+std::string TreeShape::ToString() const {
+  std::string s;
+  for (size_t i = 0; i < widths.size(); ++i) s += (i ? "," : "") + std::to_string(widths[i]);
+  return s;
+}
+
+StatusOr<TreeShape> TreeShape::Parse(std::string_view text) {
+  TreeShape shape;
+  size_t i = 0;
+  auto skip_spaces = [&] {
+    while (i < text.size() && text[i] == ' ') ++i;
+  };
+  skip_spaces();
+  while (i < text.size()) {
+    int32_t w = 0;
+    auto [end, ec] = std::from_chars(text.data() + i, text.data() + text.size(), w);
+    if (ec != std::errc() || end == text.data() + i)
+      return InvalidArgumentError("tree shape '" + std::string(text) +
+                                  "': expected comma-separated widths like 1,1,3,1");
+    shape.widths.push_back(w);
+    if (shape.widths.size() > static_cast<size_t>(kMaxDepth)) break;  // Validate reports it
+    i = static_cast<size_t>(end - text.data());
+    skip_spaces();
+    if (i < text.size()) {
+      if (text[i] != ',')
+        return InvalidArgumentError("tree shape '" + std::string(text) +
+                                    "': expected comma-separated widths like 1,1,3,1");
+      ++i;
+      skip_spaces();
+      if (i == text.size())
+        return InvalidArgumentError("tree shape '" + std::string(text) + "' ends with a comma");
+    }
+  }
+  SI_RETURN_IF_ERROR(shape.Validate());
+  return shape;
+}
+
+TokenTree::TokenTree(int32_t root_token) {
+  TreeNode root;
+  root.token = root_token;
+  nodes_.push_back(std::move(root));
+}
+
+int32_t TokenTree::FindChild(int32_t parent, int32_t token) const {
+  for (int32_t c : nodes_[static_cast<size_t>(parent)].children)
+    if (nodes_[static_cast<size_t>(c)].token == token) return c;
+  return -1;
+}
+
+int32_t TokenTree::Propose(int32_t parent, int32_t token, int32_t speculator, int32_t dist) {
+  int32_t child = FindChild(parent, token);
+  if (child < 0) {
+    child = size();
+    TreeNode n;
+    n.token = token;
+    n.parent = parent;
+    n.depth = nodes_[static_cast<size_t>(parent)].depth + 1;
+    max_depth_ = std::max(max_depth_, n.depth);
+    nodes_.push_back(std::move(n));
+    nodes_[static_cast<size_t>(parent)].children.push_back(child);
+  }
+  nodes_[static_cast<size_t>(child)].proposers |= uint64_t{1} << (speculator % kMaxSpeculators);
+  nodes_[static_cast<size_t>(parent)].trials.push_back({child, speculator, dist});
+  return child;
+}
+
+int32_t TokenTree::AddDistribution(std::vector<float> q) {
+  dists_.push_back(std::move(q));
+  return static_cast<int32_t>(dists_.size()) - 1;
+}
+
+Status TokenTree::Merge(TokenTree&& other) {
+  if (other.root_token() != root_token())
+    return InvalidArgumentError("cannot merge token trees with different roots");
+  const int32_t dist_base = static_cast<int32_t>(dists_.size());
+  for (auto& d : other.dists_) dists_.push_back(std::move(d));
+  // Parents precede children in node order, so each node's image is known before its children.
+  std::vector<int32_t> image(static_cast<size_t>(other.size()), -1);
+  image[0] = 0;
+  for (int32_t v = 0; v < other.size(); ++v) {
+    for (const DraftTrial& t : other.nodes_[static_cast<size_t>(v)].trials) {
+      const int32_t child =
+          Propose(image[static_cast<size_t>(v)], other.node(t.child).token, t.speculator,
+                  t.dist < 0 ? -1 : dist_base + t.dist);
+      image[static_cast<size_t>(t.child)] = child;
+    }
+  }
+  return Status::Ok();
+}
+
+void TokenTree::DepthFirstLayout(std::vector<int32_t>* order,
+                                 std::vector<int32_t>* parents) const {
+  order->clear();
+  parents->clear();
+  std::vector<int32_t> layout_of(static_cast<size_t>(size()), -1);
+  // Iterative preorder; children pushed in reverse so the first child is laid out first.
+  std::vector<int32_t> stack = {0};
+  while (!stack.empty()) {
+    const int32_t v = stack.back();
+    stack.pop_back();
+    layout_of[static_cast<size_t>(v)] = static_cast<int32_t>(order->size());
+    order->push_back(v);
+    const int32_t p = node(v).parent;
+    parents->push_back(p < 0 ? -1 : layout_of[static_cast<size_t>(p)]);
+    const auto& ch = node(v).children;
+    for (auto it = ch.rbegin(); it != ch.rend(); ++it) stack.push_back(*it);
+  }
+}
+
+std::vector<int32_t> TokenTree::TokensTo(int32_t v) const {
+  std::vector<int32_t> out;
+  for (; v > 0; v = node(v).parent) out.push_back(node(v).token);
+  return {out.rbegin(), out.rend()};
+}
+
+std::vector<std::vector<int32_t>> TokenTree::Sequences() const {
+  std::vector<std::vector<int32_t>> out;
+  std::vector<int32_t> order, parents;
+  DepthFirstLayout(&order, &parents);
+  for (int32_t v : order)
+    if (v != 0 && node(v).children.empty()) out.push_back(TokensTo(v));
+  return out;
+}
+
+}  // namespace specinfer

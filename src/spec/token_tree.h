@@ -1,0 +1,110 @@
+// Token trees (SpecInfer §3): what speculators propose and the LLM verifies in one pass.
+//
+// Node 0 is the root: the sequence's last token, already chosen but not yet run through the
+// LLM. Every other node is a guess at the token that follows its parent. A tree is built by
+// *proposals*: speculator s proposes token x as a child of node v, either drawn from a draft
+// distribution q (sampled expansion) or chosen deterministically (top-k of a draft model under
+// greedy decoding, prompt lookup). Proposing a token a node already has as a child adds no node,
+// only another proposal of it: the tree holds each distinct sequence once.
+//
+// Each node keeps its proposals in order ("trials"): that is the order in which multi-step
+// speculative sampling tries them (see verifier.h), and it records, for every trial, the
+// distribution it was really drawn from, which is what makes the verification exact.
+//
+// Merging (SpecInfer §3.2) adds every proposal of another tree, so the merged tree holds exactly
+// the union of the input trees' sequences, shared prefixes once, with all their trials.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "specinfer/status.h"
+
+namespace specinfer {
+
+// Static expansion configuration <k1, ..., km>: at step i every frontier node gets (up to) k_i
+// children. Depth m is the longest sequence a speculator may guess.
+struct TreeShape {
+  std::vector<int32_t> widths;
+
+  static constexpr int32_t kMaxWidth = 16;
+  static constexpr int32_t kMaxDepth = 32;
+  static constexpr int64_t kMaxNodes = 512;
+
+  int32_t depth() const { return static_cast<int32_t>(widths.size()); }
+  // Nodes a full expansion of this shape holds, root excluded (sum of the prefix products).
+  int64_t MaxNodes() const;
+  // InvalidArgument for an empty shape, widths outside [1, kMaxWidth], depth over kMaxDepth or
+  // more than kMaxNodes nodes.
+  Status Validate() const;
+  std::string ToString() const;  // "1,1,3,1"
+
+  // Parses "1,1,3,1" (commas, optional spaces) and validates it.
+  static StatusOr<TreeShape> Parse(std::string_view text);
+  // The shape of a single chain of `depth` tokens.
+  static TreeShape Chain(int32_t depth) { return TreeShape{std::vector<int32_t>(depth, 1)}; }
+};
+
+// One proposal of a child.
+struct DraftTrial {
+  int32_t child = 0;       // node index of the proposed token
+  int32_t speculator = 0;  // index of the speculator that proposed it
+  int32_t dist = -1;       // index of the draft distribution it was drawn from; -1: deterministic
+};
+
+struct TreeNode {
+  int32_t token = 0;
+  int32_t parent = -1;  // -1 for the root
+  int32_t depth = 0;    // root 0
+  uint64_t proposers = 0;          // bit s set: speculator s proposed this node
+  std::vector<int32_t> children;   // distinct children, in order of first proposal
+  std::vector<DraftTrial> trials;  // proposals of children, in the order verification tries them
+};
+
+class TokenTree {
+ public:
+  static constexpr int32_t kMaxSpeculators = 64;  // bits of TreeNode::proposers
+
+  explicit TokenTree(int32_t root_token);
+
+  int32_t size() const { return static_cast<int32_t>(nodes_.size()); }
+  const TreeNode& node(int32_t i) const { return nodes_[static_cast<size_t>(i)]; }
+  int32_t root_token() const { return nodes_[0].token; }
+  int32_t max_depth() const { return max_depth_; }
+
+  // Records a proposal of `token` as a child of `parent` by `speculator`, drawn from draft
+  // distribution `dist` (an index from AddDistribution) or deterministic (-1). Returns the child's
+  // node index (new, or the existing child with that token).
+  int32_t Propose(int32_t parent, int32_t token, int32_t speculator, int32_t dist = -1);
+  // The existing child of `parent` with `token`, or -1.
+  int32_t FindChild(int32_t parent, int32_t token) const;
+
+  // Stores a draft distribution over the whole vocabulary; returns its index.
+  int32_t AddDistribution(std::vector<float> q);
+  std::span<const float> distribution(int32_t i) const { return dists_[static_cast<size_t>(i)]; }
+
+  // Adds every proposal of `other` (same root token, else InvalidArgument), in other's order,
+  // after this tree's own.
+  Status Merge(TokenTree&& other);
+
+  // Depth-first layout for the LLM pass: order[i] is the node at layout position i (order[0] is
+  // the root), parents[i] the layout position of its parent (-1 for the root). Ancestors always
+  // come before descendants, so the layout's mask is TreeMask::FromParents(parents).
+  void DepthFirstLayout(std::vector<int32_t>* order, std::vector<int32_t>* parents) const;
+
+  // Tokens from the root's first child down to `node` (empty for the root).
+  std::vector<int32_t> TokensTo(int32_t node) const;
+
+  // Every root-to-leaf token sequence (root excluded), in depth-first order. For tests and
+  // debugging: two trees hold the same sequences iff these sets are equal.
+  std::vector<std::vector<int32_t>> Sequences() const;
+
+ private:
+  std::vector<TreeNode> nodes_;
+  std::vector<std::vector<float>> dists_;
+  int32_t max_depth_ = 0;
+};
+
+}  // namespace specinfer
