@@ -3,7 +3,11 @@
 //   specinfer generate --model PATH [--tokenizer PATH] --prompt TEXT --max-tokens N
 //                      [--temperature T] [--top-k K] [--top-p P] [--seed S] [--json]
 //                      [--chat [--chat-template chatml|llama2|llama3] [--system TEXT]]
+//                      [--draft ngram[:N]|layers:K|model:PATH ...] [--tree 1,1,3,1]
 //
+// Each --draft adds a speculator; their token trees are merged and verified by the model in one
+// pass per step (greedy output is the same as without drafts, sampled output has the same
+// distribution). --json reports the speculation statistics.
 // With --chat the prompt is a user message (after an optional system message), rendered with the
 // model's chat template (or the named override) and encoded with special tokens parsed; generation
 // also stops at the template's end-of-turn token.
@@ -41,6 +45,7 @@ struct GenerateArgs {
   bool chat = false;
   std::string chat_template;  // empty: the model's own
   std::string system;
+  std::string tree = "1,1,3,1,1,1,1,1";  // SpecInfer's example expansion
 };
 
 void AddEngineOptions(CLI::App* cmd, EngineOptions& o) {
@@ -99,6 +104,13 @@ int RunGenerate(const GenerateArgs& a) {
   }
 
   GenerateRequest req;
+  auto shape_or = TreeShape::Parse(a.tree);
+  if (!shape_or.ok()) {
+    std::fprintf(stderr, "error: %s\n", shape_or.status().ToString().c_str());
+    return 1;
+  }
+  req.tree_shape = *shape_or;
+  req.speculators = engine.speculators();
   req.prompt_tokens = std::move(prompt_or).value();
   req.max_new_tokens = a.max_tokens;
   req.sampling.temperature = a.temperature;
@@ -146,15 +158,35 @@ int RunGenerate(const GenerateArgs& a) {
         {"decode_tokens_per_second", r.stats.decode_tokens_per_second()},
         {"forward_passes", r.stats.forward_passes},
     };
+    const SpeculationStats& sp = r.stats.spec;
+    nlohmann::json by_spec = nlohmann::json::array();
+    for (size_t i = 0; i < sp.speculator_names.size(); ++i)
+      by_spec.push_back({{"name", sp.speculator_names[i]},
+                         {"proposed_tokens", sp.proposed_by[i]},
+                         {"accepted_tokens", sp.accepted_by[i]}});
+    j["speculation"] = {
+        {"tree", req.speculators.empty() ? "" : req.tree_shape.ToString()},
+        {"llm_passes", r.stats.decode_passes},
+        {"tokens_per_pass", r.stats.tokens_per_pass()},
+        {"accepted_tokens", sp.accepted_tokens},
+        {"tree_tokens", sp.tree_nodes},
+        {"proposed_at_depth", sp.proposed_at_depth},
+        {"accepted_at_depth", sp.accepted_at_depth},
+        {"speculators", by_spec},
+        {"draft_seconds", sp.draft_seconds},
+        {"verify_seconds", sp.verify_seconds},
+    };
     // Invalid UTF-8 cannot occur in `text` (the stream decoder replaces it), so dump never throws.
     std::cout << j.dump() << std::endl;
   } else {
     std::fwrite(tail.data(), 1, tail.size(), stdout);
     std::fputc('\n', stdout);
   }
-  spdlog::info("{} prompt tokens, {} generated; prefill {:.1f} tok/s, decode {:.1f} tok/s",
+  spdlog::info("{} prompt tokens, {} generated; prefill {:.1f} tok/s, decode {:.1f} tok/s, "
+               "{:.2f} tokens per LLM pass",
                r.stats.prompt_tokens, r.stats.generated_tokens,
-               r.stats.prefill_tokens_per_second(), r.stats.decode_tokens_per_second());
+               r.stats.prefill_tokens_per_second(), r.stats.decode_tokens_per_second(),
+               r.stats.tokens_per_pass());
   return 0;
 }
 
@@ -193,6 +225,13 @@ int main(int argc, char** argv) {
                        "Chat template override with --chat: chatml, llama2 or llama3")
       ->needs(chat_flag);
   generate->add_option("--system", gen.system, "System message with --chat")->needs(chat_flag);
+  generate->add_option("--draft", gen.engine.drafts,
+                       "Speculator (repeatable): ngram[:N] (prompt lookup), layers:K (the "
+                       "model's first K layers), model:PATH (a draft model sharing the "
+                       "vocabulary)");
+  generate->add_option("--tree", gen.tree,
+                       "Token tree expansion <k1,...,km>: children per node at each depth")
+      ->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "backend/cpu/cpu_runner.h"
+#include "common/thread_pool.h"
 #include "model/loader.h"
 
 namespace specinfer {
@@ -47,7 +48,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   const ModelConfig& c = engine->model_->config();
   if (o.kv_block_size <= 0 || o.max_sequences <= 0)
     return InvalidArgumentError("kv block size and max sequences must be positive");
-  const int32_t blocks_per_seq = (c.max_seq_len + o.kv_block_size - 1) / o.kv_block_size;
+  // Room for a full context plus the largest token tree a verification pass appends.
+  const int32_t blocks_per_seq = static_cast<int32_t>(
+      (c.max_seq_len + TreeShape::kMaxNodes + o.kv_block_size) / o.kv_block_size);
   CpuRunnerOptions ro;
   ro.num_threads = o.num_threads;
   ro.kv_block_size = o.kv_block_size;
@@ -56,14 +59,51 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   spdlog::info("loaded {} ({}), {} MiB of weights, backend {} with {} threads",
                o.model_path, c.ToString(), engine->model_->WeightBytes() >> 20, runner->name(),
                runner->num_threads());
+  engine->pool_ = runner->pool();
   engine->runner_ = std::move(runner);
+  engine->max_sequences_ = o.max_sequences;
+  engine->kv_block_size_ = o.kv_block_size;
   engine->kv_ = std::make_unique<KvCacheManager>(ro.num_kv_blocks, ro.kv_block_size);
 
   const Tokenizer& tok = *engine->tokenizer_;
   if (tok.eos_id() >= 0) engine->stop_tokens_.push_back(tok.eos_id());
   if (format == ModelFormat::kLlama2c && tok.bos_id() >= 0)
     engine->stop_tokens_.push_back(tok.bos_id());
+  for (const std::string& spec : o.drafts) {
+    SI_ASSIGN_OR_RETURN(Speculator * s, engine->AddSpeculator(spec));
+    spdlog::info("speculator {} ready", s->name());
+  }
   return engine;
+}
+
+StatusOr<Speculator*> Engine::AddSpeculator(const std::string& spec) {
+  for (const auto& s : speculators_)
+    if (s->name() == spec) return s.get();
+  SpeculatorOptions so;
+  so.max_sequences = max_sequences_;
+  so.kv_block_size = kv_block_size_;
+  so.pool = pool_;
+  so.llm_tokenizer = tokenizer_.get();
+  SI_ASSIGN_OR_RETURN(std::unique_ptr<Speculator> s, CreateSpeculator(spec, model_, so));
+  speculators_.push_back(std::move(s));
+  return speculators_.back().get();
+}
+
+StatusOr<Speculator*> Engine::GetSpeculator(const std::string& spec) {
+  for (const auto& s : speculators_)
+    if (s->name() == spec) return s.get();
+  SI_RETURN_IF_ERROR(ValidateSpeculatorSpec(spec));
+  if (spec.starts_with("model:"))
+    return FailedPreconditionError("draft '" + spec +
+                                   "' was not loaded at start (model drafts are loaded with "
+                                   "--draft when the engine starts)");
+  return AddSpeculator(spec);
+}
+
+std::vector<Speculator*> Engine::speculators() const {
+  std::vector<Speculator*> out;
+  for (const auto& s : speculators_) out.push_back(s.get());
+  return out;
 }
 
 StatusOr<std::vector<int32_t>> Engine::EncodePrompt(std::string_view text) const {

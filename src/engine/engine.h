@@ -12,6 +12,7 @@
 #include "engine/generator.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
+#include "spec/speculator.h"
 #include "tokenizer/tokenizer.h"
 
 namespace specinfer {
@@ -26,6 +27,9 @@ struct EngineOptions {
   int32_t max_sequences = 1;   // KV storage is sized for this many full-context sequences
   // Called with the fraction (0..1) of weight bytes paged in while loading; null for none.
   std::function<void(double)> load_progress;
+  // Speculators to load at start (spec strings, see spec/speculator.h); ngram and layers ones
+  // can also be created later by name, model ones only here.
+  std::vector<std::string> drafts;
 };
 
 class Engine {
@@ -57,16 +61,30 @@ class Engine {
                                             const std::string& template_name,
                                             std::vector<int32_t>* stop_tokens) const;
 
+  // The speculator named by `spec` (e.g. "ngram:3", "layers:4", "model:PATH"): one loaded at
+  // start, or for ngram and layers drafts a new one (kept for later requests). A model draft not
+  // loaded at start is FailedPrecondition: loading model files on a client's word is refused.
+  StatusOr<Speculator*> GetSpeculator(const std::string& spec);
+  // Speculators loaded so far, in load order.
+  std::vector<Speculator*> speculators() const;
+
+  // Generates for `request` (its speculators, if any, from GetSpeculator).
   StatusOr<GenerateResult> Generate(const GenerateRequest& request,
                                     const TokenCallback& on_token = nullptr);
 
  private:
+  StatusOr<Speculator*> AddSpeculator(const std::string& spec);
+
   std::shared_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<KvCacheManager> kv_;
   std::vector<int32_t> stop_tokens_;
   std::string chat_template_;
+  std::shared_ptr<ThreadPool> pool_;
+  int32_t max_sequences_ = 1;
+  int32_t kv_block_size_ = 16;
+  std::vector<std::unique_ptr<Speculator>> speculators_;
 };
 
 }  // namespace specinfer

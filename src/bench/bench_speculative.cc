@@ -1,0 +1,199 @@
+// Speculative decoding against incremental decoding, on one model, in one run.
+//
+//   bench_speculative [--model models/SmolLM2-135M-Instruct.Q4_1.gguf] [--threads 2]
+//                     [--tokens 128] [--runs 3]
+//
+// Part 1: the cost of one LLM pass over a token tree of n nodes, relative to a single-token
+// decode pass (on a CPU it grows with n; what a tree may cost to pay off).
+// Part 2: for each workload (chat prompts: editing a text, summarising it, open-ended writing)
+// and each speculation setting, greedy generation of --tokens tokens: median decode tokens per
+// second over --runs runs, generated tokens per LLM pass, and the speed-up over incremental
+// decoding measured in the same run. Every speculative output is checked to equal the
+// incremental one token for token; a mismatch is reported and fails the benchmark.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <numeric>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace {
+
+using namespace specinfer;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+constexpr const char* kText =
+    "The city council met on Tuesday to discuss the new park on Elm Street. Residents asked for "
+    "more trees, a playground for young children and benches along the river path. The council "
+    "agreed to plant two hundred trees in the spring, to build the playground by the end of the "
+    "summer and to add twenty benches. The cost of the project is four million dollars, which "
+    "will be paid from the city budget and a state grant. Work will start in March and the park "
+    "will open to the public in September.";
+
+struct Workload {
+  const char* name;
+  std::string prompt;
+};
+
+struct Setting {
+  std::string label;
+  std::vector<std::string> drafts;
+  std::string tree;
+};
+
+// Median seconds of one LLM pass over a chain of `n` tokens after a `prefix`-token context.
+double PassSeconds(Engine& engine, int32_t n, int32_t prefix, int runs) {
+  ModelRunner& runner = engine.runner();
+  KvCacheManager& kv = engine.kv();
+  const int32_t vocab = engine.model().config().vocab_size;
+  std::vector<double> times;
+  std::vector<float> logits(static_cast<size_t>(n) * vocab);
+  const SeqId seq = kv.AddSequence();
+  std::vector<int32_t> toks(static_cast<size_t>(prefix), 1), pos(static_cast<size_t>(prefix));
+  std::iota(pos.begin(), pos.end(), 0);
+  if (!kv.Reserve(seq, prefix + n).ok()) return 0;
+  ForwardBatch pre;
+  pre.AddSequence(seq, toks, pos, 0, nullptr);
+  pre.batch_invariant = false;
+  if (!runner.Forward(pre, kv, logits).ok()) return 0;
+  std::vector<int32_t> parents(static_cast<size_t>(n));
+  std::iota(parents.begin(), parents.end(), -1);
+  const TreeMask mask = TreeMask::FromParents(parents);
+  std::vector<int32_t> ttoks(static_cast<size_t>(n), 2), tpos(static_cast<size_t>(n));
+  std::iota(tpos.begin(), tpos.end(), prefix);
+  ForwardBatch batch;
+  batch.AddSequence(seq, ttoks, tpos, prefix, &mask);
+  batch.logit_rows.resize(static_cast<size_t>(n));
+  std::iota(batch.logit_rows.begin(), batch.logit_rows.end(), 0);
+  for (int r = 0; r < runs + 1; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    if (!runner.Forward(batch, kv, logits).ok()) return 0;
+    auto t1 = std::chrono::steady_clock::now();
+    if (r > 0) times.push_back(std::chrono::duration<double>(t1 - t0).count());
+  }
+  kv.RemoveSequence(seq);
+  return Median(times);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"specinfer speculative decoding benchmark"};
+  std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  int threads = 2, tokens = 128, runs = 3;
+  std::vector<std::string> only;
+  app.add_option("--model", model_path, "Model file (a chat model: the workloads are chats)");
+  app.add_option("--threads", threads, "CPU threads")->check(CLI::Range(1, 256));
+  app.add_option("--tokens", tokens, "Tokens to generate per run")->check(CLI::Range(1, 4096));
+  app.add_option("--runs", runs, "Repetitions (the median is reported)")->check(CLI::Range(1, 50));
+  CLI11_PARSE(app, argc, argv);
+
+  EngineOptions o;
+  o.model_path = model_path;
+  o.num_threads = threads;
+  auto engine_or = Engine::Create(o);
+  if (!engine_or.ok()) {
+    std::fprintf(stderr, "error: %s\n", engine_or.status().ToString().c_str());
+    return 1;
+  }
+  Engine& engine = **engine_or;
+  const int32_t layers = engine.model().config().n_layers;
+  std::printf("model: %s (%d layers), %d threads, %d tokens, median of %d runs\n\n",
+              model_path.c_str(), layers, threads, tokens, runs);
+
+  std::printf("LLM pass over a tree of n tokens (after 256 tokens of context)\n");
+  std::printf("%6s %12s %14s %16s\n", "n", "ms/pass", "x one token", "ms per token");
+  const double one = PassSeconds(engine, 1, 256, 10);
+  for (int32_t n : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32}) {
+    const double s = n == 1 ? one : PassSeconds(engine, n, 256, 10);
+    std::printf("%6d %12.2f %14.2f %16.2f\n", n, s * 1e3, s / one, s * 1e3 / n);
+  }
+
+  const std::vector<Workload> workloads = {
+      {"edit", std::string("Rewrite the following text, changing 'council' to 'board' and "
+                           "keeping everything else the same.\n\n") + kText},
+      {"summarise", std::string("Summarise the following text in a few sentences.\n\n") + kText},
+      {"open", "Write a short story about a robot who learns to paint."},
+  };
+  const std::string self = "layers:" + std::to_string(std::max(1, layers / 2));
+  const std::vector<Setting> settings = {
+      {"incremental", {}, ""},
+      {"ngram", {"ngram"}, "1,1"},
+      {"ngram", {"ngram"}, "1,1,1,1"},
+      {"ngram", {"ngram"}, "1,1,1,1,1,1"},
+      {"ngram", {"ngram"}, "1,1,1,1,1,1,1,1"},
+      {"ngram", {"ngram"}, "2,1,1,1"},
+      {"ngram:1", {"ngram:1"}, "1,1,1,1"},
+      {self, {self}, "1,1"},
+      {self, {self}, "1,1,3,1,1,1,1,1"},
+      {"ngram + " + self, {"ngram", self}, "1,1,1,1"},
+  };
+
+  bool all_equal = true;
+  for (const Workload& w : workloads) {
+    std::vector<int32_t> stops = engine.default_stop_tokens();
+    std::vector<ChatMessage> messages = {{"user", w.prompt}};
+    auto prompt = engine.EncodeChat(messages, "", &stops);
+    if (!prompt.ok()) {
+      std::fprintf(stderr, "error: %s\n", prompt.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("\nworkload '%s' (%zu prompt tokens)\n", w.name, prompt->size());
+    std::printf("%-22s %-18s %10s %10s %12s %10s %8s\n", "speculators", "tree", "tok/s",
+                "tok/pass", "draft share", "speed-up", "output");
+    std::vector<int32_t> reference;
+    double base = 0;
+    for (const Setting& s : settings) {
+      GenerateRequest req;
+      req.prompt_tokens = *prompt;
+      req.max_new_tokens = tokens;
+      req.sampling.temperature = 0;
+      // Generate a fixed number of tokens: an early end of turn would make runs incomparable.
+      if (!s.tree.empty()) req.tree_shape = *TreeShape::Parse(s.tree);
+      for (const std::string& d : s.drafts) {
+        auto sp = engine.GetSpeculator(d);
+        if (!sp.ok()) {
+          std::fprintf(stderr, "error: %s\n", sp.status().ToString().c_str());
+          return 1;
+        }
+        req.speculators.push_back(*sp);
+      }
+      std::vector<double> rate, per_pass, draft_share;
+      std::vector<int32_t> out;
+      for (int r = 0; r < runs; ++r) {
+        auto res = engine.Generate(req);
+        if (!res.ok()) {
+          std::fprintf(stderr, "error: %s\n", res.status().ToString().c_str());
+          return 1;
+        }
+        rate.push_back(res->stats.decode_tokens_per_second());
+        per_pass.push_back(res->stats.tokens_per_pass());
+        draft_share.push_back(res->stats.spec.draft_seconds / res->stats.decode_seconds);
+        out = res->tokens;
+      }
+      const double tps = Median(rate);
+      if (s.drafts.empty()) {
+        reference = out;
+        base = tps;
+      }
+      const bool equal = out == reference;
+      all_equal = all_equal && equal;
+      std::printf("%-22s %-18s %10.1f %10.2f %11.0f%% %9.2fx %8s\n", s.label.c_str(),
+                  s.tree.empty() ? "-" : s.tree.c_str(), tps, Median(per_pass),
+                  100 * Median(draft_share), tps / base, equal ? "same" : "DIFFERS");
+      std::fflush(stdout);
+    }
+  }
+  if (!all_equal) {
+    std::fprintf(stderr, "error: a speculative output differs from incremental decoding\n");
+    return 1;
+  }
+  return 0;
+}
