@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "backend/cpu/quants.h"
+#include "backend/cpu/simd.h"
+#include "backend/cpu/type_ops.h"
 #include "model/gguf.h"
 #include "quant_random.h"
 #include "quant_vectors.h"
@@ -226,6 +228,49 @@ TEST(VecDotTest, RealModelRows) {
         ASSERT_NEAR(got, exact, tol) << name << " row " << r << " " << IsaName(isa);
       }
     }
+  }
+}
+
+}  // namespace
+}  // namespace specinfer
+
+namespace specinfer {
+namespace {
+
+// vec_dot_multi (several activation rows per weight row read) must give each row exactly what
+// vec_dot gives it: token-tree passes rely on it to reproduce incremental decoding bit for bit.
+TEST(VecDotMulti, EachRowIsBitIdenticalToVecDot) {
+  std::mt19937 rng(11);
+  int checked = 0;
+  for (DType t : testing::SupportedWeightTypes()) {
+    for (cpu::KernelIsa isa : testing::AvailableIsas()) {
+      const cpu::TypeOps* ops = cpu::GetTypeOpsForIsa(t, isa);
+      if (ops == nullptr || ops->vec_dot_multi == nullptr) continue;
+      SCOPED_TRACE(std::string(DTypeName(t)) + " " + testing::IsaName(isa));
+      for (int64_t n : {32, 64, 96, 160, 576, 1536, 4064}) {
+        const std::vector<uint8_t> w = testing::RandomRow(t, n, rng);
+        const size_t row_bytes = RowBytes(ops->vec_dot_type, n);
+        std::vector<uint8_t> xq(row_bytes * cpu::kMaxMultiDot);
+        for (int r = 0; r < cpu::kMaxMultiDot; ++r) {
+          const std::vector<float> x = testing::RandomActivations(n, rng);
+          ops->from_float(x.data(), xq.data() + r * row_bytes, n);
+        }
+        for (int count = 1; count <= cpu::kMaxMultiDot; ++count) {
+          float out[cpu::kMaxMultiDot];
+          ops->vec_dot_multi(n, w.data(), xq.data(), row_bytes, count, out);
+          for (int r = 0; r < count; ++r) {
+            const float want = ops->vec_dot(n, w.data(), xq.data() + r * row_bytes);
+            EXPECT_EQ(std::memcmp(&want, &out[r], sizeof(float)), 0)
+                << "n=" << n << " count=" << count << " row " << r << ": " << out[r]
+                << " vs " << want;
+          }
+        }
+      }
+      ++checked;
+    }
+  }
+  if (cpu::GetCpuFeatures().use_avx2_kernels) {
+    EXPECT_GT(checked, 0) << "no type has a multi-row kernel";
   }
 }
 

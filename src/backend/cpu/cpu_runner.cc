@@ -206,9 +206,7 @@ void CpuModelRunner::Attention(const ForwardBatch& batch, const KvCacheManager& 
           const int32_t p = visible[k];
           const int64_t slot = static_cast<int64_t>(table[p / bs]) * bs + p % bs;
           const float* key = KeyAt(layer, slot) + static_cast<int64_t>(kvh) * head_dim;
-          float dot = 0.0f;
-          for (int32_t d = 0; d < head_dim; ++d) dot += qh[d] * key[d];
-          scores[k] = dot * scale;
+          scores[k] = cpu::Dot(qh, key, head_dim) * scale;
         }
         cpu::Softmax(scores.data(), nv);
         float* oh = out + t * q_dim + static_cast<int64_t>(h) * head_dim;
@@ -217,8 +215,7 @@ void CpuModelRunner::Attention(const ForwardBatch& batch, const KvCacheManager& 
           const int32_t p = visible[k];
           const int64_t slot = static_cast<int64_t>(table[p / bs]) * bs + p % bs;
           const float* val = ValueAt(layer, slot) + static_cast<int64_t>(kvh) * head_dim;
-          const float a = scores[k];
-          for (int32_t d = 0; d < head_dim; ++d) oh[d] += a * val[d];
+          cpu::Axpy(scores[k], val, oh, head_dim);
         }
       }
     }

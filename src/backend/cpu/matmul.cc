@@ -73,6 +73,7 @@ void MatMulShared(std::span<const MatMulTarget> targets, const float* x, int64_t
     strips += (targets[i].w->rows + strip - 1) / strip;
   }
   auto vec_dot = ops->vec_dot;
+  auto vec_dot_multi = ops->vec_dot_multi;
   const size_t w_row_bytes = RowBytes(w0.type, cols);
   // At least ~64K multiply-adds per chunk: below that, waking another thread costs more than
   // it saves (a chunk count of 1 runs inline).
@@ -88,7 +89,21 @@ void MatMulShared(std::span<const MatMulTarget> targets, const float* x, int64_t
       const uint8_t* wdata = static_cast<const uint8_t*>(w.data);
       const int64_t rows = w.rows;
       const int64_t r0 = (s - strip_begin[ti]) * strip, r1 = std::min(rows, r0 + strip);
-      for (int64_t t = 0; t < n; ++t) {
+      int64_t t = 0;
+      if (vec_dot_multi != nullptr) {
+        // Several tokens per weight row read (each result as vec_dot's, bit for bit).
+        float out[kMaxMultiDot];
+        for (; t + 1 < n; t += kMaxMultiDot) {
+          const int count = static_cast<int>(std::min<int64_t>(kMaxMultiDot, n - t));
+          const uint8_t* xa = act + t * act_row_bytes;
+          float* yt = targets[ti].y + t * rows;
+          for (int64_t r = r0; r < r1; ++r) {
+            vec_dot_multi(cols, wdata + r * w_row_bytes, xa, act_row_bytes, count, out);
+            for (int c = 0; c < count; ++c) yt[c * rows + r] = out[c];
+          }
+        }
+      }
+      for (; t < n; ++t) {
         const uint8_t* xa = act + t * act_row_bytes;
         float* yt = targets[ti].y + t * rows;
         for (int64_t r = r0; r < r1; ++r) yt[r] = vec_dot(cols, wdata + r * w_row_bytes, xa);

@@ -4,6 +4,12 @@
 #include <cmath>
 #include <utility>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "backend/cpu/simd.h"
+
 namespace specinfer::cpu {
 
 void RmsNorm(const float* x, const float* w, float* out, int64_t n, float eps) {
@@ -78,5 +84,70 @@ void SwiGlu(float* gate, const float* up, int64_t n) {
     gate[i] = g * (1.0f / (1.0f + std::exp(-g))) * up[i];
   }
 }
+
+namespace {
+
+float DotScalar(const float* a, const float* b, int64_t n) {
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void AxpyScalar(float alpha, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) float DotAvx2(const float* a, const float* b, int64_t n) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+  }
+  for (; i + 8 <= n; i += 8)
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  const __m256 v = _mm256_add_ps(acc0, acc1);
+  __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  r = _mm_add_ss(r, _mm_movehdup_ps(r));
+  float s = _mm_cvtss_f32(r);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+__attribute__((target("avx2,fma"))) void AxpyAvx2(float alpha, const float* x, float* y,
+                                                  int64_t n) {
+  const __m256 va = _mm256_set1_ps(alpha);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += alpha * x[i];
+}
+#endif
+
+struct AttentionKernels {
+  float (*dot)(const float*, const float*, int64_t) = DotScalar;
+  void (*axpy)(float, const float*, float*, int64_t) = AxpyScalar;
+};
+
+const AttentionKernels& Kernels() {
+  static const AttentionKernels k = [] {
+    AttentionKernels r;
+#if defined(__x86_64__)
+    if (GetCpuFeatures().use_avx2_kernels) {
+      r.dot = DotAvx2;
+      r.axpy = AxpyAvx2;
+    }
+#endif
+    return r;
+  }();
+  return k;
+}
+
+}  // namespace
+
+float Dot(const float* a, const float* b, int64_t n) { return Kernels().dot(a, b, n); }
+void Axpy(float alpha, const float* x, float* y, int64_t n) { Kernels().axpy(alpha, x, y, n); }
 
 }  // namespace specinfer::cpu

@@ -38,4 +38,10 @@ void Softmax(float* x, int64_t n);
 // gate[i] = silu(gate[i]) * up[i], for i < n.
 void SwiGlu(float* gate, const float* up, int64_t n);
 
+// Attention's inner loops: sum_i a[i] * b[i], and y[i] += alpha * x[i], for i < n. AVX2 (8 lanes,
+// fused multiply-add) where the CPU has it, scalar otherwise. The summation order depends only on
+// n, never on the batch, so a token's attention is the same in every batch.
+float Dot(const float* a, const float* b, int64_t n);
+void Axpy(float alpha, const float* x, float* y, int64_t n);
+
 }  // namespace specinfer::cpu

@@ -89,7 +89,11 @@ const Table& ScalarTable() {
 
 #if defined(SPECINFER_HAVE_X86_KERNELS)
 const Table& Avx2Table() {
-  static const Table table = SPECINFER_FILL_TABLE(avx2);
+  static const Table table = [] {
+    Table t = SPECINFER_FILL_TABLE(avx2);
+    t.ops[static_cast<size_t>(DType::kQ4_1)].vec_dot_multi = avx2::VecDotQ4_1Q8_1Multi;
+    return t;
+  }();
   return table;
 }
 #endif

@@ -23,7 +23,15 @@ struct TypeOps {
   void (*from_float)(const float* src, void* dst, int64_t n) = nullptr;
   // Returns sum_i w[i] * x[i] over n elements; w in this type, x in vec_dot_type.
   float (*vec_dot)(int64_t n, const void* w, const void* x) = nullptr;
+  // Optional: the same dot of one weight row with `count` (1..kMaxMultiDot) activation rows
+  // x + t * x_stride bytes, into out[t]; each result bit-identical to vec_dot's. Reading the
+  // weights once for several tokens is what makes a token-tree pass cheaper per token than
+  // decoding; nullptr where only vec_dot exists.
+  void (*vec_dot_multi)(int64_t n, const void* w, const void* x, size_t x_stride, int count,
+                        float* out) = nullptr;
 };
+
+inline constexpr int kMaxMultiDot = 4;
 
 // The routines for `t`, or nullptr if the CPU backend cannot use weights of that type.
 const TypeOps* GetTypeOps(DType t);
