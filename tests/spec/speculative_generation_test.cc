@@ -257,7 +257,7 @@ TEST(SpeculativeGreedy, EqualsIncrementalOnSmolLM2) {
   auto engine = MakeEngine(model, "", {"model:" + model});
   ASSERT_TRUE(engine);
   std::vector<Case> cases;
-  for (const std::string& shape : {"1,1,1,1,1,1", "1,1,3,1,1,1,1,1"}) {
+  for (const char* shape : {"1,1,1,1,1,1", "1,1,3,1,1,1,1,1"}) {
     cases.push_back({"ngram", {"ngram"}, shape});
     cases.push_back({"layers:20", {"layers:20"}, shape});
     cases.push_back({"itself as draft", {"model:" + model}, shape});
@@ -387,7 +387,9 @@ TEST(SpeculationSettings, BadDraftsAreRefusedWithAClearMessage) {
                           "model:", "turbo", "ngram:3x"}) {
     auto s = engine->GetSpeculator(bad);
     EXPECT_FALSE(s.ok()) << bad;
-    if (!s.ok()) EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument) << bad;
+    if (!s.ok()) {
+      EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument) << bad;
+    }
   }
   // Model drafts are loaded at start only.
   EXPECT_EQ(engine->GetSpeculator("model:" + testing::Stories260KModel()).status().code(),
