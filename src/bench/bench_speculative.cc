@@ -88,11 +88,14 @@ int main(int argc, char** argv) {
   CLI::App app{"specinfer speculative decoding benchmark"};
   std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
   int threads = 2, tokens = 128, runs = 3;
-  std::vector<std::string> only;
+  bool passes_only = false;
+  std::vector<int> sizes = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32};
   app.add_option("--model", model_path, "Model file (a chat model: the workloads are chats)");
   app.add_option("--threads", threads, "CPU threads")->check(CLI::Range(1, 256));
   app.add_option("--tokens", tokens, "Tokens to generate per run")->check(CLI::Range(1, 4096));
   app.add_option("--runs", runs, "Repetitions (the median is reported)")->check(CLI::Range(1, 50));
+  app.add_flag("--passes-only", passes_only, "Measure the tree-pass costs only (part 1)");
+  app.add_option("--sizes", sizes, "Tree sizes for part 1")->check(CLI::Range(1, 512));
   CLI11_PARSE(app, argc, argv);
 
   EngineOptions o;
@@ -111,10 +114,11 @@ int main(int argc, char** argv) {
   std::printf("LLM pass over a tree of n tokens (after 256 tokens of context)\n");
   std::printf("%6s %12s %14s %16s\n", "n", "ms/pass", "x one token", "ms per token");
   const double one = PassSeconds(engine, 1, 256, 10);
-  for (int32_t n : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32}) {
+  for (int32_t n : sizes) {
     const double s = n == 1 ? one : PassSeconds(engine, n, 256, 10);
     std::printf("%6d %12.2f %14.2f %16.2f\n", n, s * 1e3, s / one, s * 1e3 / n);
   }
+  if (passes_only) return 0;
 
   const std::vector<Workload> workloads = {
       {"edit", std::string("Rewrite the following text, changing 'council' to 'board' and "

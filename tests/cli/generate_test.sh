@@ -47,6 +47,31 @@ assert j["finish_reason"] == "length"
 PY
 then pass; else fail "--json output"; cat "$TMP/json"; fi
 
+# Speculation: the greedy published vector again, with prompt lookup and a self-draft merged,
+# and the statistics in --json.
+"$BIN" generate -m "$DATA/stories260K.bin" --tokenizer "$DATA/tok512.bin" -p "" -n 200 \
+  --temperature 0 --draft ngram --draft layers:3 --tree 2,1,1,1 >"$TMP/out" 2>"$TMP/err"
+if cmp -s "$TMP/out" "$TMP/want"; then pass; else fail "speculative greedy vector differs"; cat "$TMP/err"; fi
+"$BIN" generate -m "$DATA/stories260K.bin" --tokenizer "$DATA/tok512.bin" -p "" -n 100 \
+  --temperature 0 --draft "model:$DATA/stories260K.bin" --tree 1,1,1,1 --json >"$TMP/json" 2>"$TMP/err"
+if python3 - "$TMP/json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+s = j["speculation"]
+assert s["tree"] == "1,1,1,1", s
+assert s["tokens_per_pass"] > 4.5, s           # the model drafting for itself is always right
+assert s["speculators"][0]["accepted_tokens"] == s["accepted_tokens"] > 0, s
+assert sum(s["accepted_at_depth"]) == s["accepted_tokens"], s
+assert len(j["tokens"]) == 100
+PY
+then pass; else fail "--json speculation statistics"; cat "$TMP/json"; fi
+expect_error "bad tree" "tree width 0" -- generate -m "$DATA/stories260K.bin" \
+  --tokenizer "$DATA/tok512.bin" -p "x" --draft ngram --tree 1,0,1
+expect_error "too many layers" "1 to 4" -- generate -m "$DATA/stories260K.bin" \
+  --tokenizer "$DATA/tok512.bin" -p "x" --draft layers:9
+expect_error "unknown draft" "unknown draft" -- generate -m "$DATA/stories260K.bin" \
+  --tokenizer "$DATA/tok512.bin" -p "x" --draft eagle
+
 # A tokenizer.bin beside the model is found without --tokenizer.
 mkdir -p "$TMP/beside"
 cp "$DATA/stories260K.bin" "$TMP/beside/model.bin"

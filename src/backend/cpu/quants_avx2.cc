@@ -23,7 +23,6 @@
 
 #define SI_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define SI_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
-#define SI_AVX2_LAMBDA __attribute__((target("avx2,fma,f16c"), always_inline))
 
 namespace specinfer::cpu::avx2 {
 
@@ -408,55 +407,63 @@ SI_AVX2 float VecDotQ4_1Q8_1(int64_t n, const void* w, const void* x) {
 // operations (same products, same accumulators, same order), so each result is bit-identical to
 // VecDotQ4_1Q8_1's. (Converting the weight and activation fp16 fields separately instead of in
 // one F16C instruction gives the same floats; the products are the same multiplications.)
+// T is at most 2: the accumulators of more rows would no longer fit in the 16 registers.
+template <int T>
+SI_AVX2_INLINE void PairQ4_1Rows(const BlockQ4_1* a, const uint8_t* x, size_t stride, int64_t i,
+                                 __m256 (&acc)[T], __m128 (&ms)[T]) {
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  uint32_t w0, w1;
+  std::memcpy(&w0, &a[i].d, 4);
+  std::memcpy(&w1, &a[i + 1].d, 4);
+  const __m128 hw = _mm_cvtph_ps(_mm_set_epi32(0, 0, static_cast<int>(w1), static_cast<int>(w0)));
+  const __m256i q = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(a[i + 1].qs),
+                                        reinterpret_cast<const __m128i*>(a[i].qs));
+  const __m256i lo = _mm256_and_si256(q, mask);
+  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
+#pragma GCC unroll 2
+  for (int t = 0; t < T; ++t) {
+    const BlockQ8_1* b = reinterpret_cast<const BlockQ8_1*>(x + t * stride) + i;
+    uint32_t x0, x1;
+    std::memcpy(&x0, &b[0].d, 4);
+    std::memcpy(&x1, &b[1].d, 4);
+    const __m128 hx = _mm_cvtph_ps(_mm_set_epi32(0, 0, static_cast<int>(x1), static_cast<int>(x0)));
+    const __m128 p = _mm_mul_ps(hw, hx);
+    ms[t] = _mm_add_ps(ms[t], p);
+    const __m256 d = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(p),
+                                              _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));
+    const __m256i y0 = Load32(b[0].qs), y1 = Load32(b[1].qs);
+    const __m256i ylo = _mm256_permute2x128_si256(y0, y1, 0x20);
+    const __m256i yhi = _mm256_permute2x128_si256(y0, y1, 0x31);
+    const __m256i p16 =
+        _mm256_add_epi16(_mm256_maddubs_epi16(lo, ylo), _mm256_maddubs_epi16(hi, yhi));
+    const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+    acc[t] = _mm256_fmadd_ps(d, f, acc[t]);
+  }
+}
+
 template <int T>
 SI_AVX2_INLINE void DotQ4_1Rows(int64_t n, const BlockQ4_1* a, const uint8_t* x, size_t stride,
                                 float* out) {
   const int64_t nb = n / kQK;
   __m256 acc0[T], acc1[T];
   __m128 ms0[T], ms1[T];
+#pragma GCC unroll 2
   for (int t = 0; t < T; ++t) {
-    acc0[t] = acc1[t] = _mm256_setzero_ps();
-    ms0[t] = ms1[t] = _mm_setzero_ps();
+    acc0[t] = _mm256_setzero_ps();
+    acc1[t] = _mm256_setzero_ps();
+    ms0[t] = _mm_setzero_ps();
+    ms1[t] = _mm_setzero_ps();
   }
-  const __m256i mask = _mm256_set1_epi8(0x0F);
-  auto pair = [&](int64_t i, __m256* acc, __m128* ms) SI_AVX2_LAMBDA {
-    uint32_t w0, w1;
-    std::memcpy(&w0, &a[i].d, 4);
-    std::memcpy(&w1, &a[i + 1].d, 4);
-    const __m128 hw = _mm_cvtph_ps(_mm_set_epi32(0, 0, static_cast<int>(w1), static_cast<int>(w0)));
-    const __m256i q = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(a[i + 1].qs),
-                                          reinterpret_cast<const __m128i*>(a[i].qs));
-    const __m256i lo = _mm256_and_si256(q, mask);
-    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
-    for (int t = 0; t < T; ++t) {
-      const BlockQ8_1* b = reinterpret_cast<const BlockQ8_1*>(x + t * stride) + i;
-      uint32_t x0, x1;
-      std::memcpy(&x0, &b[0].d, 4);
-      std::memcpy(&x1, &b[1].d, 4);
-      const __m128 hx =
-          _mm_cvtph_ps(_mm_set_epi32(0, 0, static_cast<int>(x1), static_cast<int>(x0)));
-      const __m128 p = _mm_mul_ps(hw, hx);
-      ms[t] = _mm_add_ps(ms[t], p);
-      const __m256 d = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(p),
-                                                _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));
-      const __m256i y0 = Load32(b[0].qs), y1 = Load32(b[1].qs);
-      const __m256i ylo = _mm256_permute2x128_si256(y0, y1, 0x20);
-      const __m256i yhi = _mm256_permute2x128_si256(y0, y1, 0x31);
-      const __m256i p16 =
-          _mm256_add_epi16(_mm256_maddubs_epi16(lo, ylo), _mm256_maddubs_epi16(hi, yhi));
-      const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
-      acc[t] = _mm256_fmadd_ps(d, f, acc[t]);
-    }
-  };
   int64_t i = 0;
   for (; i + 4 <= nb; i += 4) {
-    pair(i, acc0, ms0);
-    pair(i + 2, acc1, ms1);
+    PairQ4_1Rows<T>(a, x, stride, i, acc0, ms0);
+    PairQ4_1Rows<T>(a, x, stride, i + 2, acc1, ms1);
   }
   if (i + 2 <= nb) {
-    pair(i, acc0, ms0);
+    PairQ4_1Rows<T>(a, x, stride, i, acc0, ms0);
     i += 2;
   }
+#pragma GCC unroll 2
   for (int t = 0; t < T; ++t) {
     const BlockQ8_1* b = reinterpret_cast<const BlockQ8_1*>(x + t * stride);
     float summs = 0.0f;
@@ -471,12 +478,9 @@ SI_AVX2 void VecDotQ4_1Q8_1Multi(int64_t n, const void* w, const void* x, size_t
                                  int count, float* out) {
   const BlockQ4_1* a = static_cast<const BlockQ4_1*>(w);
   const uint8_t* xb = static_cast<const uint8_t*>(x);
-  switch (count) {
-    case 4: return DotQ4_1Rows<4>(n, a, xb, x_stride, out);
-    case 3: return DotQ4_1Rows<3>(n, a, xb, x_stride, out);
-    case 2: return DotQ4_1Rows<2>(n, a, xb, x_stride, out);
-    default: out[0] = VecDotQ4_1Q8_1(n, w, x);
-  }
+  for (; count >= 2; count -= 2, xb += 2 * x_stride, out += 2)
+    DotQ4_1Rows<2>(n, a, xb, x_stride, out);
+  if (count == 1) out[0] = VecDotQ4_1Q8_1(n, w, xb);
 }
 
 SI_AVX2 float VecDotQ5_0Q8_0(int64_t n, const void* w, const void* x) {
