@@ -94,6 +94,8 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "CPU threads")->check(CLI::Range(1, 256));
   app.add_option("--tokens", tokens, "Tokens to generate per run")->check(CLI::Range(1, 4096));
   app.add_option("--runs", runs, "Repetitions (the median is reported)")->check(CLI::Range(1, 50));
+  bool dequantize = false;
+  app.add_flag("--dequantize", dequantize, "Run the model with its weights converted to float32");
   app.add_flag("--passes-only", passes_only, "Measure the tree-pass costs only (part 1)");
   app.add_option("--sizes", sizes, "Tree sizes for part 1")->check(CLI::Range(1, 512));
   CLI11_PARSE(app, argc, argv);
@@ -101,6 +103,7 @@ int main(int argc, char** argv) {
   EngineOptions o;
   o.model_path = model_path;
   o.num_threads = threads;
+  o.dequantize = dequantize;
   auto engine_or = Engine::Create(o);
   if (!engine_or.ok()) {
     std::fprintf(stderr, "error: %s\n", engine_or.status().ToString().c_str());
@@ -108,8 +111,9 @@ int main(int argc, char** argv) {
   }
   Engine& engine = **engine_or;
   const int32_t layers = engine.model().config().n_layers;
-  std::printf("model: %s (%d layers), %d threads, %d tokens, median of %d runs\n\n",
-              model_path.c_str(), layers, threads, tokens, runs);
+  std::printf("model: %s (%d layers%s), %d threads, %d tokens, median of %d runs\n\n",
+              model_path.c_str(), layers, dequantize ? ", weights as float32" : "", threads,
+              tokens, runs);
 
   std::printf("LLM pass over a tree of n tokens (after 256 tokens of context)\n");
   std::printf("%6s %12s %14s %16s\n", "n", "ms/pass", "x one token", "ms per token");

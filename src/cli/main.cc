@@ -58,6 +58,8 @@ void AddEngineOptions(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("-c,--context", o.context_length,
                   "Context length (0: the model's own; may only shrink it)")
       ->check(CLI::Range(0, 1 << 24));
+  cmd->add_flag("--dequantize", o.dequantize,
+                "Convert the weights to float32 at load (full precision; 4 bytes per weight)");
 }
 
 // --system and --prompt as a conversation.

@@ -7,6 +7,7 @@
 
 #include "backend/cpu/cpu_runner.h"
 #include "common/thread_pool.h"
+#include "model/dequantize.h"
 #include "model/loader.h"
 
 namespace specinfer {
@@ -41,6 +42,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
     model->set_context_length(o.context_length);
   }
   model->Prefault(o.load_progress);
+  if (o.dequantize) {
+    SI_ASSIGN_OR_RETURN(std::unique_ptr<Model> f32, DequantizeToF32(*model));
+    model = std::move(f32);
+  }
   engine->model_ = std::shared_ptr<Model>(std::move(model));
   engine->tokenizer_ = std::move(loaded.tokenizer);
   engine->chat_template_ = std::move(loaded.chat_template);

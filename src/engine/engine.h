@@ -27,6 +27,9 @@ struct EngineOptions {
   int32_t max_sequences = 1;   // KV storage is sized for this many full-context sequences
   // Called with the fraction (0..1) of weight bytes paged in while loading; null for none.
   std::function<void(double)> load_progress;
+  // Converts every weight matrix to float32 at load (4 bytes per weight): full precision, and on
+  // a CPU a memory-bound decode where token-tree passes cost little more than one token.
+  bool dequantize = false;
   // Speculators to load at start (spec strings, see spec/speculator.h); ngram and layers ones
   // can also be created later by name, model ones only here.
   std::vector<std::string> drafts;

@@ -247,13 +247,16 @@ TEST(VecDotMulti, EachRowIsBitIdenticalToVecDot) {
       const cpu::TypeOps* ops = cpu::GetTypeOpsForIsa(t, isa);
       if (ops == nullptr || ops->vec_dot_multi == nullptr) continue;
       SCOPED_TRACE(std::string(DTypeName(t)) + " " + testing::IsaName(isa));
-      for (int64_t n : {32, 64, 96, 160, 576, 1536, 4064}) {
+      for (int64_t n : Lengths(t)) {
         const std::vector<uint8_t> w = testing::RandomRow(t, n, rng);
         const size_t row_bytes = RowBytes(ops->vec_dot_type, n);
         std::vector<uint8_t> xq(row_bytes * cpu::kMaxMultiDot);
         for (int r = 0; r < cpu::kMaxMultiDot; ++r) {
           const std::vector<float> x = testing::RandomActivations(n, rng);
-          ops->from_float(x.data(), xq.data() + r * row_bytes, n);
+          if (ops->from_float == nullptr)
+            std::memcpy(xq.data() + r * row_bytes, x.data(), row_bytes);
+          else
+            ops->from_float(x.data(), xq.data() + r * row_bytes, n);
         }
         for (int count = 1; count <= cpu::kMaxMultiDot; ++count) {
           float out[cpu::kMaxMultiDot];

@@ -105,6 +105,9 @@ SPECINFER_QUANT_ROUTINES
 // VecDotQ4_1Q8_1 for `count` (1..4) activation rows at once (TypeOps::vec_dot_multi).
 void VecDotQ4_1Q8_1Multi(int64_t n, const void* w, const void* x, size_t x_stride, int count,
                          float* out);
+// VecDotF32 likewise.
+void VecDotF32Multi(int64_t n, const void* w, const void* x, size_t x_stride, int count,
+                    float* out);
 }  // namespace avx2
 #endif
 

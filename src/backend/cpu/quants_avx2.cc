@@ -323,6 +323,56 @@ SI_AVX2 float VecDotF32(int64_t n, const void* w, const void* x) {
   return sum;
 }
 
+// VecDotF32 for T activation rows: each weight vector is loaded once for all rows, and every row
+// keeps VecDotF32's four accumulators and order, so each result is bit-identical to it. T <= 3
+// keeps the 4 * T accumulators in registers.
+template <int T>
+SI_AVX2_INLINE void DotF32Rows(int64_t n, const float* a, const float* x, size_t stride,
+                               float* out) {
+  __m256 acc[T][4];
+#pragma GCC unroll 3
+  for (int t = 0; t < T; ++t)
+    acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      const __m256 w = _mm256_loadu_ps(a + i + 8 * k);
+#pragma GCC unroll 3
+      for (int t = 0; t < T; ++t)
+        acc[t][k] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + t * stride + i + 8 * k), acc[t][k]);
+    }
+  }
+  for (; i + 8 <= n; i += 8) {
+    const __m256 w = _mm256_loadu_ps(a + i);
+#pragma GCC unroll 3
+    for (int t = 0; t < T; ++t)
+      acc[t][0] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + t * stride + i), acc[t][0]);
+  }
+#pragma GCC unroll 3
+  for (int t = 0; t < T; ++t) {
+    float sum = Hsum(_mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]),
+                                   _mm256_add_ps(acc[t][2], acc[t][3])));
+    for (int64_t j = i; j < n; ++j) sum += a[j] * x[t * stride + j];
+    out[t] = sum;
+  }
+}
+
+SI_AVX2 void VecDotF32Multi(int64_t n, const void* w, const void* x, size_t x_stride, int count,
+                            float* out) {
+  const float* a = static_cast<const float*>(w);
+  const float* xf = static_cast<const float*>(x);
+  const size_t stride = x_stride / sizeof(float);
+  switch (count) {
+    case 4:
+      DotF32Rows<2>(n, a, xf, stride, out);
+      return DotF32Rows<2>(n, a, xf + 2 * stride, stride, out + 2);
+    case 3: return DotF32Rows<3>(n, a, xf, stride, out);
+    case 2: return DotF32Rows<2>(n, a, xf, stride, out);
+    default: out[0] = VecDotF32(n, w, x);
+  }
+}
+
 SI_AVX2 float VecDotF16F32(int64_t n, const void* w, const void* x) {
   const uint16_t* a = static_cast<const uint16_t*>(w);
   const float* b = static_cast<const float*>(x);
