@@ -27,6 +27,7 @@
 
 #include <unistd.h>
 
+#include "cli/serve.h"
 #include "engine/chat_template.h"
 #include "engine/engine.h"
 
@@ -235,8 +236,14 @@ int main(int argc, char** argv) {
                        "Token tree expansion <k1,...,km>: children per node at each depth")
       ->capture_default_str();
 
+  ServeArgs serve_args;
+  CLI::App* serve =
+      app.add_subcommand("serve", "Serve the model: OpenAI-compatible HTTP API and gRPC");
+  AddServeOptions(serve, serve_args);
+
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
   if (generate->parsed()) return RunGenerate(gen);
+  if (serve->parsed()) return RunServe(serve_args);
   return 2;
 }

@@ -1,0 +1,113 @@
+#include "cli/serve.h"
+
+#include <pthread.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <csignal>
+#include <cstdio>
+
+#include "server/inference_server.h"
+
+namespace specinfer {
+
+void AddServeOptions(CLI::App* cmd, ServeArgs& a) {
+  // The engine options as `generate` has them.
+  cmd->add_option("-m,--model", a.engine.model_path, "Model file (GGUF, llama2.c .bin) or HF dir")
+      ->required();
+  cmd->add_option("--tokenizer", a.engine.tokenizer_path,
+                  "Tokenizer file (llama2.c tokenizer.bin); default: the model's own");
+  cmd->add_option("-t,--threads", a.engine.num_threads, "CPU threads (0: all cores)")
+      ->check(CLI::Range(0, 1024));
+  cmd->add_option("-c,--context", a.engine.context_length,
+                  "Context length (0: the model's own; may only shrink it)")
+      ->check(CLI::Range(0, 1 << 24));
+
+  cmd->add_option("--host", a.host, "Address to bind (default 127.0.0.1: this machine only)");
+  cmd->add_option("--port", a.port, "HTTP port (0: any free port)")->check(CLI::Range(0, 65535));
+  cmd->add_option("--grpc-port", a.grpc_port, "gRPC port (0: no gRPC service)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--served-model-name", a.served_model_name,
+                  "Model name in the API (default: the model file's stem)");
+  cmd->add_option("--api-key", a.api_key,
+                  "Require 'Authorization: Bearer KEY' on /v1/ and gRPC calls")
+      ->envname("SPECINFER_API_KEY");
+  cmd->add_option("--chat-template", a.chat_template,
+                  "Chat template override: chatml, llama2 or llama3 (default: the model's own)");
+  cmd->add_option("--max-queue", a.max_queue,
+                  "Sequences that may wait for the engine; more get 503 'server busy'")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--max-body-bytes", a.max_body_bytes, "Largest request body (413 beyond)")
+      ->check(CLI::Range(int64_t{1024}, int64_t{1} << 30));
+  cmd->add_option("--draft", a.engine.drafts,
+                  "Speculator loaded at start (repeatable): ngram[:N], layers:K, model:PATH; "
+                  "the default for requests that enable speculation (else ngram)");
+  cmd->add_option("--tree", a.tree, "Default token-tree shape of speculative requests")
+      ->capture_default_str();
+  cmd->add_flag("--dequantize", a.engine.dequantize,
+                "Convert the weights to float32 at load (full precision; 4 bytes per weight)");
+  cmd->add_option("--http-threads", a.http_threads, "HTTP handler threads (0: max-queue + 16)")
+      ->check(CLI::Range(0, 4096));
+}
+
+int RunServe(const ServeArgs& a) {
+  // SIGINT/SIGTERM are taken by sigwait below: block them before any thread starts, so every
+  // thread inherits the mask and none is interrupted by them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  InferenceServerOptions o;
+  o.engine = a.engine;
+  if (::isatty(STDERR_FILENO)) {
+    o.engine.load_progress = [last = -1](double frac) mutable {
+      const int pct = static_cast<int>(frac * 100);
+      if (pct == last) return;
+      last = pct;
+      std::fprintf(stderr, "\rloading model: %3d%%%s", pct, pct == 100 ? "\n" : "");
+      std::fflush(stderr);
+    };
+  }
+  o.served_model_name = a.served_model_name;
+  o.chat_template = a.chat_template;
+  o.scheduler.max_queue = a.max_queue;
+  auto tree = TreeShape::Parse(a.tree);
+  if (!tree.ok()) {
+    std::fprintf(stderr, "error: %s\n", tree.status().ToString().c_str());
+    return 1;
+  }
+  o.scheduler.default_tree = *tree;
+  o.http.host = a.host;
+  o.http.port = a.port;
+  o.http.api_key = a.api_key;
+  o.http.max_body_bytes = static_cast<size_t>(a.max_body_bytes);
+  o.http.threads = a.http_threads;
+  o.enable_grpc = a.grpc_port != 0;
+  o.grpc.host = a.host;
+  o.grpc.port = a.grpc_port;
+  o.grpc.api_key = a.api_key;
+
+  auto server_or = InferenceServer::Start(std::move(o));
+  if (!server_or.ok()) {
+    std::fprintf(stderr, "error: %s\n", server_or.status().ToString().c_str());
+    return 1;
+  }
+  InferenceServer& server = **server_or;
+  std::string grpc = server.grpc_port() ? a.host + ":" + std::to_string(server.grpc_port()) : "off";
+  std::printf("listening http=%s:%d grpc=%s model=%s\n", a.host.c_str(), server.http_port(),
+              grpc.c_str(), server.model_name().c_str());
+  std::fflush(stdout);
+  spdlog::warn("serving '{}' on http://{}:{} (gRPC {}){}", server.model_name(), a.host,
+               server.http_port(), grpc, a.api_key.empty() ? "" : " with an API key");
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  spdlog::warn("signal {}: shutting down", sig);
+  server.Shutdown();
+  return 0;
+}
+
+}  // namespace specinfer

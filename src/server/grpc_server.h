@@ -1,0 +1,48 @@
+// The gRPC service specinfer.v1.SpecInfer (proto/specinfer.proto) on the synchronous gRPC server.
+//
+// Generate converts its request into a CompletionRequest and goes through the same
+// CompletionService checks and Scheduler as the HTTP gateway; every event becomes one
+// GenerateResponse. The handler polls ServerContext::IsCancelled between events, so a client that
+// cancels or disconnects stops its generation (and frees its KV memory) at once.
+//
+// The generated protobuf/gRPC headers are included by grpc_server.cc only.
+//
+// Thread safety: Start/port/Stop from one controlling thread; RPCs run on gRPC's threads.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "server/completion_service.h"
+#include "specinfer/status.h"
+
+namespace specinfer {
+
+struct GrpcServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 50051;     // 0: an ephemeral port (see GrpcServer::port)
+  std::string api_key;  // non-empty: metadata "authorization: Bearer KEY" required
+  size_t max_message_bytes = 4u << 20;
+};
+
+class GrpcServer {
+ public:
+  // Binds and starts serving. Unavailable if the address cannot be bound.
+  static StatusOr<std::unique_ptr<GrpcServer>> Start(CompletionService& service,
+                                                     GrpcServerOptions options);
+  ~GrpcServer();  // Stop()
+
+  int port() const;
+  // Stops accepting and waits for running RPCs (their streams must end: shut the scheduler down
+  // first, or they are cancelled after a short grace period).
+  void Stop();
+
+  struct Impl;
+
+ private:
+  explicit GrpcServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace specinfer

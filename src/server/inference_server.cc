@@ -1,0 +1,65 @@
+#include "server/inference_server.h"
+
+#include <filesystem>
+
+namespace specinfer {
+
+std::string DefaultServedModelName(const std::string& model_path) {
+  std::filesystem::path p(model_path);
+  if (!p.has_filename()) p = p.parent_path();  // "dir/"
+  std::error_code ec;
+  if (std::filesystem::is_directory(p, ec)) return p.filename().string();
+  return p.stem().string();
+}
+
+StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(InferenceServerOptions options) {
+  SI_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(options.engine));
+  if (options.served_model_name.empty())
+    options.served_model_name = DefaultServedModelName(options.engine.model_path);
+  return Start(std::move(engine), std::move(options));
+}
+
+StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(std::unique_ptr<Engine> engine,
+                                                                  InferenceServerOptions options) {
+  if (!engine) return InvalidArgumentError("no engine");
+  if (options.scheduler.max_queue < 1) return InvalidArgumentError("max queue must be >= 1");
+  if (options.served_model_name.empty())
+    options.served_model_name = DefaultServedModelName(options.engine.model_path);
+  if (options.served_model_name.empty()) options.served_model_name = "default";
+  if (!options.chat_template.empty()) {
+    auto named = ChatTemplate::Named(options.chat_template);
+    if (!named.ok()) return named.status();
+  }
+  auto s = std::unique_ptr<InferenceServer>(new InferenceServer());
+  s->engine_ = std::move(engine);
+  s->metrics_ = std::make_unique<ServerMetrics>();
+  if (!s->engine_->speculators().empty()) {  // those loaded at start (--draft) are the default
+    options.scheduler.default_drafts.clear();
+    for (const Speculator* sp : s->engine_->speculators())
+      options.scheduler.default_drafts.push_back(sp->name());
+  }
+  s->scheduler_ = std::make_unique<Scheduler>(*s->engine_, *s->metrics_, options.scheduler);
+  ServiceOptions so;
+  so.served_model_name = options.served_model_name;
+  so.chat_template = options.chat_template;
+  so.speculation_available = true;
+  for (const Speculator* sp : s->engine_->speculators())
+    if (sp->name().starts_with("model:")) so.model_drafts.push_back(sp->name());
+  s->service_ = std::make_unique<CompletionService>(*s->scheduler_, *s->metrics_, so);
+  options.grpc.max_message_bytes = options.http.max_body_bytes;
+  SI_ASSIGN_OR_RETURN(s->http_, HttpServer::Start(*s->service_, options.http));
+  if (options.enable_grpc) {
+    SI_ASSIGN_OR_RETURN(s->grpc_, GrpcServer::Start(*s->service_, options.grpc));
+  }
+  return s;
+}
+
+InferenceServer::~InferenceServer() { Shutdown(); }
+
+void InferenceServer::Shutdown() {
+  if (scheduler_) scheduler_->Shutdown();
+  if (http_) http_->Stop();
+  if (grpc_) grpc_->Stop();
+}
+
+}  // namespace specinfer

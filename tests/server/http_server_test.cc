@@ -1,0 +1,437 @@
+// The OpenAI-compatible gateway end to end: an in-process daemon on stories260K (chat template
+// chatml) on an ephemeral loopback port, spoken to over real HTTP.
+#include "server/http_server.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "server/inference_server.h"
+#include "server_test_util.h"
+#include "sse_client.h"
+
+namespace specinfer {
+namespace {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+constexpr size_t kMaxBody = 64 << 10;
+
+std::unique_ptr<InferenceServer> StartServer(InferenceServerOptions o) {
+  auto engine = testing::Stories260KEngine();
+  if (!engine) return nullptr;
+  o.served_model_name = "stories";
+  o.chat_template = "chatml";
+  o.http.port = 0;
+  o.http.max_body_bytes = kMaxBody;
+  o.enable_grpc = false;
+  auto s = InferenceServer::Start(std::move(engine), std::move(o));
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return s.ok() ? std::move(s).value() : nullptr;
+}
+
+class HttpServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_ = StartServer({}).release(); }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override { ASSERT_NE(server_, nullptr); }
+
+  static testing::HttpReply Post(const std::string& path, const json& body, int stop_after = 0) {
+    return testing::Post("127.0.0.1", server_->http_port(), path, body.dump(), stop_after);
+  }
+  static testing::HttpReply PostRaw(const std::string& path, const std::string& body) {
+    return testing::Post("127.0.0.1", server_->http_port(), path, body);
+  }
+  static httplib::Result Get(const std::string& path) {
+    httplib::Client cli("127.0.0.1", server_->http_port());
+    return cli.Get(path.c_str());
+  }
+  // Waits until the worker is idle (a cancelled sequence's KV is freed when it returns).
+  static void WaitIdle() {
+    for (int i = 0; i < 500; ++i) {
+      SchedulerGauges g = server_->scheduler().gauges();
+      if (g.running == 0 && g.queued == 0) return;
+      std::this_thread::sleep_for(10ms);
+    }
+    ADD_FAILURE() << "the scheduler did not become idle";
+  }
+
+  static InferenceServer* server_;
+};
+InferenceServer* HttpServerTest::server_ = nullptr;
+
+// The text (per choice) and finish reasons of an SSE completion stream; checks the framing.
+struct StreamedChoices {
+  std::map<int, std::string> text;
+  std::map<int, std::string> finish;
+  std::map<int, int> logprob_tokens;
+  json usage;
+};
+StreamedChoices ParseStream(const testing::HttpReply& r, bool chat) {
+  StreamedChoices out;
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_FALSE(r.events.empty());
+  if (r.events.empty()) return out;
+  EXPECT_EQ(r.events.back(), "[DONE]");
+  for (size_t i = 0; i + 1 < r.events.size(); ++i) {
+    json j = json::parse(r.events[i]);
+    EXPECT_FALSE(j.contains("error")) << r.events[i];
+    EXPECT_EQ(j["object"], chat ? "chat.completion.chunk" : "text_completion");
+    if (j.contains("usage") && !j["usage"].is_null()) out.usage = j["usage"];
+    for (const json& c : j["choices"]) {
+      const int idx = c["index"];
+      if (chat) {
+        if (c["delta"].contains("content"))
+          out.text[idx] += c["delta"]["content"].get<std::string>();
+      } else {
+        out.text[idx] += c["text"].get<std::string>();
+      }
+      if (!c["finish_reason"].is_null()) out.finish[idx] = c["finish_reason"];
+      if (!c["logprobs"].is_null())
+        out.logprob_tokens[idx] +=
+            chat ? c["logprobs"]["content"].size() : c["logprobs"]["tokens"].size();
+    }
+  }
+  return out;
+}
+
+TEST_F(HttpServerTest, HealthModelsMetrics) {
+  auto h = Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  auto m = Get("/v1/models");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 200);
+  json models = json::parse(m->body);
+  EXPECT_EQ(models["data"][0]["id"], "stories");
+  EXPECT_EQ(models["data"][0]["max_model_len"], 512);
+  auto one = Get("/v1/models/stories");
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->status, 200);
+  auto missing = Get("/v1/models/other");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+  auto metrics = Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(metrics->status, 200);
+  EXPECT_NE(metrics->get_header_value("Content-Type").find("text/plain"), std::string::npos);
+  for (const char* family :
+       {"specinfer_requests_total", "specinfer_queue_length", "specinfer_running_sequences",
+        "specinfer_kv_blocks_used", "specinfer_kv_blocks_total",
+        "specinfer_time_to_first_token_seconds_bucket",
+        "specinfer_inter_token_latency_seconds_bucket", "specinfer_generated_tokens_total",
+        "specinfer_spec_llm_passes_total", "specinfer_spec_accepted_tokens_total"})
+    EXPECT_NE(metrics->body.find(family), std::string::npos) << family;
+}
+
+TEST_F(HttpServerTest, CompletionStreamEqualsNonStream) {
+  json req = {{"model", "stories"},
+              {"prompt", "Once upon a time"},
+              {"max_tokens", 60},
+              {"temperature", 0.9},
+              {"seed", 1234}};
+  testing::HttpReply whole = Post("/v1/completions", req);
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  json j = json::parse(whole.body);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["model"], "stories");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+  const std::string text = j["choices"][0]["text"];
+  EXPECT_FALSE(text.empty());
+  const int completion_tokens = j["usage"]["completion_tokens"];
+  EXPECT_EQ(j["usage"]["total_tokens"], j["usage"]["prompt_tokens"].get<int>() + completion_tokens);
+
+  req["stream"] = true;
+  req["stream_options"] = {{"include_usage", true}};
+  testing::HttpReply stream = Post("/v1/completions", req);
+  StreamedChoices s = ParseStream(stream, false);
+  EXPECT_EQ(s.text[0], text);
+  EXPECT_EQ(s.finish[0], j["choices"][0]["finish_reason"]);
+  EXPECT_EQ(s.usage, j["usage"]);
+  EXPECT_GT(stream.events.size(), 3u);  // streamed piece by piece, not in one chunk
+}
+
+// Per-request speculation: greedy output with speculators equals output without, streamed too,
+// and the speculation counters of /metrics move.
+TEST_F(HttpServerTest, SpeculativeRequestsGiveTheSameGreedyTextAndCountAcceptedTokens) {
+  json req = {{"prompt", "Lily and Ben went to the park. Lily and Ben"},
+              {"max_tokens", 80},
+              {"temperature", 0}};
+  testing::HttpReply plain = Post("/v1/completions", req);
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  const std::string want = json::parse(plain.body)["choices"][0]["text"];
+  for (const json& spec :
+       {json{{"enabled", true}},
+        json{{"enabled", true}, {"draft", {"ngram:2", "layers:3"}}, {"tree", {2, 1, 1}}}}) {
+    json r = req;
+    r["speculation"] = spec;
+    testing::HttpReply whole = Post("/v1/completions", r);
+    ASSERT_EQ(whole.status, 200) << whole.body;
+    EXPECT_EQ(json::parse(whole.body)["choices"][0]["text"], want) << spec.dump();
+    r["stream"] = true;
+    StreamedChoices s = ParseStream(Post("/v1/completions", r), false);
+    EXPECT_EQ(s.text[0], want) << spec.dump();
+  }
+  auto m = Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("specinfer_spec_llm_passes_total"), std::string::npos);
+  const std::string name = "\nspecinfer_spec_accepted_tokens_total ";
+  const size_t p = m->body.find(name);
+  ASSERT_NE(p, std::string::npos) << m->body;
+  EXPECT_GT(std::stod(m->body.substr(p + name.size())), 0) << "no accepted speculative token";
+}
+
+TEST_F(HttpServerTest, ChatStreamEqualsNonStream) {
+  json req = {{"messages",
+               {{{"role", "system"}, {"content", "You tell stories."}},
+                {{"role", "user"}, {"content", "Tell me about a cat."}}}},
+              {"max_completion_tokens", 50},
+              {"temperature", 0}};
+  testing::HttpReply whole = Post("/v1/chat/completions", req);
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  json j = json::parse(whole.body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  const std::string text = j["choices"][0]["message"]["content"];
+  EXPECT_FALSE(text.empty());
+
+  req["stream"] = true;
+  testing::HttpReply stream = Post("/v1/chat/completions", req);
+  StreamedChoices s = ParseStream(stream, true);
+  EXPECT_EQ(s.text[0], text);
+  EXPECT_EQ(s.finish[0], j["choices"][0]["finish_reason"]);
+  json first = json::parse(stream.events.front());
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+}
+
+TEST_F(HttpServerTest, SeveralChoicesStopStringsAndLogprobs) {
+  json req = {{"prompt", {"Once upon a time", "The dog"}},
+              {"n", 2},
+              {"max_tokens", 40},
+              {"temperature", 1.0},
+              {"seed", 7},
+              {"stop", {"."}},
+              {"logprobs", 2}};
+  testing::HttpReply whole = Post("/v1/completions", req);
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  json j = json::parse(whole.body);
+  ASSERT_EQ(j["choices"].size(), 4u);
+  req["stream"] = true;
+  StreamedChoices s = ParseStream(Post("/v1/completions", req), false);
+  int total_tokens = 0;
+  for (int i = 0; i < 4; ++i) {
+    const json& c = j["choices"][i];
+    EXPECT_EQ(c["index"], i);
+    const std::string text = c["text"];
+    EXPECT_EQ(text.find('.'), std::string::npos) << "stop string not removed: " << text;
+    EXPECT_EQ(s.text[i], text) << i;
+    EXPECT_EQ(s.finish[i], c["finish_reason"]) << i;
+    const json& lp = c["logprobs"];
+    ASSERT_TRUE(lp.is_object()) << c;
+    EXPECT_EQ(lp["tokens"].size(), lp["token_logprobs"].size());
+    EXPECT_EQ(s.logprob_tokens[i], static_cast<int>(lp["tokens"].size())) << i;
+    for (const json& t : lp["token_logprobs"]) EXPECT_LE(t.get<double>(), 0.0);
+    for (const json& top : lp["top_logprobs"]) EXPECT_EQ(top.size(), 2u);
+    total_tokens += static_cast<int>(lp["tokens"].size());
+  }
+  EXPECT_EQ(j["usage"]["completion_tokens"], total_tokens);
+  // Same seed, same prompt: choice 0 of either prompt equals a single request with that seed.
+  json single = {{"prompt", "The dog"},
+                 {"max_tokens", 40},
+                 {"temperature", 1.0},
+                 {"seed", 8},
+                 {"stop", {"."}}};
+  testing::HttpReply r = Post("/v1/completions", single);
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], j["choices"][3]["text"]);
+}
+
+// Every bad request gets its 4xx with an OpenAI error object, and the daemon keeps serving.
+TEST_F(HttpServerTest, BadRequestsGetOpenAiErrors) {
+  struct Case {
+    std::string path;
+    std::string body;
+    int status;
+    std::string param;  // "-" = do not check
+  };
+  const std::string ok = R"({"prompt":"hi","max_tokens":2})";
+  std::vector<Case> cases = {
+      {"/v1/completions", R"({"prompt":"hi",)", 400, ""},
+      {"/v1/completions", "not json at all", 400, ""},
+      {"/v1/completions", R"({"prompt":"hi","max_tokens":"2"})", 400, "max_tokens"},
+      {"/v1/completions", R"({"prompt":"hi","temperature":"0.5"})", 400, "temperature"},
+      {"/v1/completions", R"({"prompt":"hi","stream":"true"})", 400, "stream"},
+      {"/v1/completions", R"({"prompt":"hi","model":"gpt-4o"})", 404, "model"},
+      {"/v1/completions", R"({"prompt":"hi","max_tokens":-5})", 400, "max_tokens"},
+      {"/v1/completions", R"({"prompt":"hi","max_tokens":1000000000000})", 400, "max_tokens"},
+      {"/v1/completions", R"({"prompt":"hi","max_tokens":1e30})", 400, "max_tokens"},
+      {"/v1/completions", R"({"prompt":"hi","max_tokens":18446744073709551615})", 400,
+       "max_tokens"},
+      {"/v1/completions", R"({"prompt":"hi","temperature":2.5})", 400, "temperature"},
+      {"/v1/completions", R"({"prompt":"hi","temperature":-1})", 400, "temperature"},
+      {"/v1/completions", R"({"prompt":"hi","top_p":0})", 400, "top_p"},
+      {"/v1/completions", "{\"prompt\":\"\xC3\x28\"}", 400, ""},
+      {"/v1/completions", R"({"prompt":")" + std::string(20000, 'a') + "\"}", 400, "prompt"},
+      {"/v1/completions",
+       R"({"prompt":"hi","speculation":{"enabled":true,"draft":["model:/etc/passwd"]}})", 400,
+       "speculation.draft"},
+      {"/v1/completions", R"({"prompt":"hi","speculation":{"enabled":true,"draft":["layers:9"]}})",
+       400, "speculation"},
+      {"/v1/completions", R"({"prompt":"hi","speculation":{"tree":[0]}})", 400, "speculation"},
+      {"/v1/chat/completions", R"({"messages":"hi"})", 400, "messages"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"n":0})", 400, "n"},
+      {"/v1/completions", "{\"prompt\":\"" + std::string(kMaxBody, 'a') + "\"}", 413, ""},
+      {"/v1/nothing", ok, 404, ""},
+  };
+  for (const Case& c : cases) {
+    testing::HttpReply r = PostRaw(c.path, c.body);
+    EXPECT_EQ(r.status, c.status) << c.body.substr(0, 200) << " -> " << r.body;
+    json j = json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << r.body;
+    const json& e = j["error"];
+    EXPECT_TRUE(e["message"].is_string() && !e["message"].get<std::string>().empty());
+    EXPECT_TRUE(e["type"].is_string());
+    EXPECT_TRUE(e.contains("code"));
+    ASSERT_TRUE(e.contains("param"));
+    if (c.param != "-") {
+      EXPECT_EQ(e["param"].is_null() ? "" : e["param"].get<std::string>(), c.param)
+          << c.body.substr(0, 200);
+    }
+    // The daemon still serves a good request after each bad one.
+    testing::HttpReply good = PostRaw("/v1/completions", ok);
+    EXPECT_EQ(good.status, 200) << good.body;
+  }
+  httplib::Client cli("127.0.0.1", server_->http_port());
+  auto get = cli.Get("/v1/completions");
+  ASSERT_TRUE(get);
+  EXPECT_EQ(get->status, 405);
+  EXPECT_GE(server_->metrics().requests("/v1/completions", "400"), 10);
+  EXPECT_GE(server_->metrics().requests("/v1/completions", "413"), 1);
+}
+
+// The value of the sample line starting with `name` (e.g. `x{a="b"}`) in a metrics text; 0 if
+// absent.
+double MetricValue(const std::string& text, const std::string& name) {
+  const size_t p = text.find("\n" + name + " ");
+  if (p == std::string::npos) return 0;
+  return std::stod(text.substr(p + name.size() + 2));
+}
+
+TEST_F(HttpServerTest, DisconnectingMidStreamCancelsAndFreesKv) {
+  WaitIdle();
+  auto metrics = [] {
+    auto m = Get("/metrics");
+    EXPECT_TRUE(m);
+    return m ? m->body : std::string();
+  };
+  const std::string cancelled = "specinfer_sequences_finished_total{reason=\"cancelled\"}";
+  const std::string before = metrics();
+  json req = {
+      {"prompt", "Once upon a time"}, {"max_tokens", 450}, {"ignore_eos", true}, {"stream", true}};
+  testing::HttpReply r = Post("/v1/completions", req, /*stop_after=*/3);
+  EXPECT_TRUE(r.aborted);
+  EXPECT_EQ(r.status, 200);
+  WaitIdle();
+  const std::string after = metrics();
+  EXPECT_EQ(MetricValue(after, cancelled) - MetricValue(before, cancelled), 1) << after;
+  const double produced = MetricValue(after, "specinfer_generated_tokens_total") -
+                          MetricValue(before, "specinfer_generated_tokens_total");
+  EXPECT_GE(produced, 3);
+  EXPECT_LT(produced, 450) << "generation was not cancelled";
+  EXPECT_EQ(MetricValue(after, "specinfer_kv_blocks_used"), 0);
+  EXPECT_GT(MetricValue(after, "specinfer_kv_blocks_total"), 0);
+  EXPECT_EQ(server_->scheduler().gauges().kv_blocks_used, 0);
+  // And the daemon serves the next request.
+  testing::HttpReply next = Post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 3}});
+  EXPECT_EQ(next.status, 200);
+}
+
+TEST(HttpServerLimits, QueueFullIs503) {
+  InferenceServerOptions o;
+  o.scheduler.max_queue = 2;
+  auto server = StartServer(o);
+  ASSERT_TRUE(server);
+  const int port = server->http_port();
+  auto wait_for = [&](int64_t running, int64_t queued) {
+    for (int i = 0; i < 5000; ++i) {
+      const SchedulerGauges g = server->scheduler().gauges();
+      if (g.running == running && g.queued == queued) return true;
+      std::this_thread::sleep_for(1ms);
+    }
+    return false;
+  };
+  // Long sequences (450 tokens, no EOS): two from one request, then one more: one runs, two wait.
+  auto long_request = [port](int n) {
+    json req = {{"prompt", "Once"}, {"n", n}, {"max_tokens", 450}, {"ignore_eos", true}};
+    testing::HttpReply r = testing::Post("127.0.0.1", port, "/v1/completions", req.dump());
+    EXPECT_EQ(r.status, 200) << r.body;
+  };
+  std::thread first(long_request, 2);
+  const bool one_waiting = wait_for(1, 1);
+  std::thread second(long_request, 1);
+  const bool full = one_waiting && wait_for(1, 2);
+  testing::HttpReply r;
+  if (full)
+    r = testing::Post("127.0.0.1", port, "/v1/completions", R"({"prompt":"x","max_tokens":1})");
+  first.join();
+  second.join();
+  ASSERT_TRUE(full);
+  EXPECT_EQ(r.status, 503) << r.body;
+  json e = json::parse(r.body);
+  EXPECT_EQ(e["error"]["code"], "server_busy");
+  EXPECT_EQ(e["error"]["type"], "server_error");
+  // Served again once the queue drained.
+  r = testing::Post("127.0.0.1", port, "/v1/completions", R"({"prompt":"x","max_tokens":1})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(server->metrics().requests("/v1/completions", "503"), 1);
+}
+
+TEST(HttpServerLimits, ApiKey) {
+  InferenceServerOptions o;
+  o.http.api_key = "sk-test-123";
+  auto server = StartServer(o);
+  ASSERT_TRUE(server);
+  const int port = server->http_port();
+  const std::string body = R"({"prompt":"hi","max_tokens":2})";
+  testing::HttpReply none = testing::Post("127.0.0.1", port, "/v1/completions", body);
+  EXPECT_EQ(none.status, 401);
+  EXPECT_EQ(json::parse(none.body)["error"]["code"], "invalid_api_key");
+  testing::HttpReply wrong = testing::Post("127.0.0.1", port, "/v1/completions", body, 0,
+                                           {{"Authorization", "Bearer sk-test-12"}});
+  EXPECT_EQ(wrong.status, 401);
+  testing::HttpReply basic = testing::Post("127.0.0.1", port, "/v1/completions", body, 0,
+                                           {{"Authorization", "sk-test-123"}});
+  EXPECT_EQ(basic.status, 401);
+  testing::HttpReply right = testing::Post("127.0.0.1", port, "/v1/completions", body, 0,
+                                           {{"Authorization", "Bearer sk-test-123"}});
+  EXPECT_EQ(right.status, 200) << right.body;
+  httplib::Client cli("127.0.0.1", port);
+  auto models = cli.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(models->status, 401);
+  auto health = cli.Get("/health");  // probes need no key
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  EXPECT_EQ(server->metrics().requests("/v1/completions", "401"), 3);
+}
+
+TEST(HttpServerLimits, PortInUseIsAnError) {
+  auto first = StartServer({});
+  ASSERT_TRUE(first);
+  auto engine = testing::Stories260KEngine();
+  ASSERT_TRUE(engine);
+  InferenceServerOptions o;
+  o.http.port = first->http_port();
+  o.enable_grpc = false;
+  auto second = InferenceServer::Start(std::move(engine), o);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace specinfer

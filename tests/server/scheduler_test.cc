@@ -1,0 +1,447 @@
+// The request scheduler (FIFO worker over the Engine, bounded queue, cancellation, failure
+// isolation) and the CompletionService checks in front of it, on stories260K.
+#include "server/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <thread>
+
+#include "server/completion_service.h"
+#include "server/text_output.h"
+#include "server_test_util.h"
+
+namespace specinfer {
+namespace {
+
+using namespace std::chrono_literals;
+
+SequenceJob Job(const Engine& engine, const std::string& prompt, int32_t max_tokens,
+                float temperature = 0, uint64_t seed = 0) {
+  SequenceJob j;
+  j.generate.prompt_tokens = *engine.EncodePrompt(prompt);
+  j.generate.max_new_tokens = max_tokens;
+  j.generate.sampling.temperature = temperature;
+  j.generate.sampling.seed = seed;
+  j.generate.stop_tokens = engine.default_stop_tokens();
+  return j;
+}
+
+// A sequence that runs for its whole length (no stop tokens): keeps the worker busy.
+SequenceJob LongJob(const Engine& engine, const std::string& prompt, int32_t max_tokens = 450) {
+  SequenceJob j = Job(engine, prompt, max_tokens);
+  j.generate.stop_tokens.clear();
+  return j;
+}
+
+struct Collected {
+  std::string text;
+  std::vector<int32_t> tokens;
+  std::vector<StreamEvent> finals;  // kFinished / kError, in order
+};
+
+// Reads the stream to its end (fails the test after `timeout`).
+Collected Drain(ResponseStream& s, std::chrono::seconds timeout = 30s) {
+  Collected c;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!s.finished()) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ADD_FAILURE() << "stream did not finish";
+      break;
+    }
+    auto e = s.Next(50ms);
+    if (!e) continue;
+    c.text += e->text;
+    c.tokens.insert(c.tokens.end(), e->tokens.begin(), e->tokens.end());
+    if (e->type != StreamEvent::Type::kDelta) c.finals.push_back(*e);
+  }
+  return c;
+}
+
+// Waits for the first event of a stream (the sequence is running then); returns it.
+std::optional<StreamEvent> First(ResponseStream& s) {
+  for (int i = 0; i < 600; ++i)
+    if (auto e = s.Next(50ms)) return e;
+  ADD_FAILURE() << "no event";
+  return std::nullopt;
+}
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    engine_ = testing::Stories260KEngine();
+    ASSERT_TRUE(engine_);
+  }
+  std::unique_ptr<Scheduler> Make(int32_t max_queue = 16) {
+    return std::make_unique<Scheduler>(*engine_, metrics_, SchedulerOptions{max_queue});
+  }
+
+  std::unique_ptr<Engine> engine_;
+  ServerMetrics metrics_;
+};
+
+TEST_F(SchedulerTest, StreamsExactlyWhatEngineGenerateProduces) {
+  // Reference first, on the engine alone.
+  SequenceJob job = Job(*engine_, "Once upon a time", 50, 0.8f, 11);
+  auto ref = engine_->Generate(job.generate);
+  ASSERT_TRUE(ref.ok());
+  CompletionText text(engine_->tokenizer(), job.generate.prompt_tokens.back(),
+                      job.generate.stop_tokens, {});
+  std::string ref_text;
+  for (int32_t t : ref->tokens) ref_text += text.Push(t);
+  ref_text += text.Finish();
+
+  auto sched = Make();
+  auto stream = sched->Submit({job});
+  ASSERT_TRUE(stream.ok()) << stream.status().ToString();
+  Collected c = Drain(**stream);
+  EXPECT_EQ(c.tokens, ref->tokens);
+  EXPECT_EQ(c.text, ref_text);
+  ASSERT_EQ(c.finals.size(), 1u);
+  EXPECT_EQ(c.finals[0].type, StreamEvent::Type::kFinished);
+  EXPECT_EQ(c.finals[0].finish_reason, ref->finish_reason);
+  EXPECT_EQ(c.finals[0].completion_tokens, static_cast<int32_t>(ref->tokens.size()));
+  EXPECT_EQ(c.finals[0].prompt_tokens, static_cast<int32_t>(job.generate.prompt_tokens.size()));
+  EXPECT_EQ(sched->gauges().kv_blocks_used, 0);
+  EXPECT_EQ(metrics_.ttft_count(), 1u);
+}
+
+TEST_F(SchedulerTest, ServesInFifoOrder) {
+  auto sched = Make();
+  auto a = sched->Submit({LongJob(*engine_, "First")});
+  auto b = sched->Submit({LongJob(*engine_, "Second")});
+  auto c = sched->Submit({Job(*engine_, "Third", 5)});
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  ASSERT_TRUE(First(**a));
+  // While a runs, b and c wait untouched.
+  EXPECT_FALSE((*b)->Next(0ms));
+  EXPECT_FALSE((*c)->Next(0ms));
+  EXPECT_EQ(sched->gauges().queued, 2);
+  EXPECT_EQ(sched->gauges().running, 1);
+  Collected ca = Drain(**a);
+  EXPECT_EQ(ca.tokens.size() + 1, 450u);  // + the first event's token
+  // Then b, while c still waits.
+  ASSERT_TRUE(First(**b));
+  EXPECT_FALSE((*c)->Next(0ms));
+  EXPECT_EQ(sched->gauges().queued, 1);
+  Drain(**b);
+  Collected cc = Drain(**c);
+  ASSERT_EQ(cc.finals.size(), 1u);
+  EXPECT_EQ(cc.finals[0].completion_tokens, 5);
+  EXPECT_EQ(sched->gauges().queued, 0);
+}
+
+TEST_F(SchedulerTest, FullQueueRefusesWholeRequests) {
+  auto sched = Make(/*max_queue=*/2);
+  auto running = sched->Submit({LongJob(*engine_, "Running")});
+  ASSERT_TRUE(running.ok());
+  ASSERT_TRUE(First(**running));  // the worker took it: the queue is empty again
+  auto q1 = sched->Submit({Job(*engine_, "q1", 10)});
+  ASSERT_TRUE(q1.ok());
+  // Two more sequences do not fit in the one slot left: refused whole, nothing queued.
+  auto two = sched->Submit({Job(*engine_, "x", 10), Job(*engine_, "y", 10)});
+  ASSERT_FALSE(two.ok());
+  EXPECT_EQ(two.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(two.status().message().find("busy"), std::string::npos);
+  EXPECT_EQ(sched->gauges().queued, 1);
+  auto q2 = sched->Submit({Job(*engine_, "q2", 10)});
+  ASSERT_TRUE(q2.ok());
+  auto q3 = sched->Submit({Job(*engine_, "q3", 10)});
+  ASSERT_FALSE(q3.ok());
+  EXPECT_EQ(q3.status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(sched->gauges().queued, 2);
+  sched->Cancel(*running);
+  Drain(**running);
+  Drain(**q1);
+  Drain(**q2);
+  EXPECT_FALSE(sched->Submit({}).ok());
+}
+
+TEST_F(SchedulerTest, CancellingQueuedSequencesDropsThemAtOnce) {
+  auto sched = Make();
+  auto running = sched->Submit({LongJob(*engine_, "Running")});
+  ASSERT_TRUE(running.ok());
+  ASSERT_TRUE(First(**running));
+  auto queued = sched->Submit({Job(*engine_, "q", 10), Job(*engine_, "r", 10)});
+  ASSERT_TRUE(queued.ok());
+  EXPECT_EQ(sched->gauges().queued, 2);
+  sched->Cancel(*queued);
+  EXPECT_EQ(sched->gauges().queued, 0);  // removed now, not when the worker gets there
+  Collected q = Drain(**queued, 1s);
+  ASSERT_EQ(q.finals.size(), 2u);
+  for (const StreamEvent& f : q.finals) {
+    EXPECT_EQ(f.type, StreamEvent::Type::kFinished);
+    EXPECT_EQ(f.finish_reason, FinishReason::kCancelled);
+  }
+  EXPECT_TRUE(q.tokens.empty());
+  sched->Cancel(*running);
+  Drain(**running);
+}
+
+TEST_F(SchedulerTest, CancellingTheRunningSequenceStopsItAndFreesItsKv) {
+  auto sched = Make();
+  auto s = sched->Submit({LongJob(*engine_, "Once upon a time")});
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE(First(**s));
+  EXPECT_GT(sched->gauges().kv_blocks_used, 0);
+  sched->Cancel(*s);
+  Collected c = Drain(**s, 5s);
+  ASSERT_EQ(c.finals.size(), 1u);
+  EXPECT_EQ(c.finals[0].finish_reason, FinishReason::kCancelled);
+  EXPECT_LT(c.finals[0].completion_tokens, 450);
+  // The worker publishes the KV figure after the generator returned (and freed the sequence).
+  for (int i = 0; i < 100 && sched->gauges().running; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(sched->gauges().kv_blocks_used, 0);
+  EXPECT_EQ(engine_->kv().used_blocks(), 0);
+  // The next request is served normally.
+  auto next = sched->Submit({Job(*engine_, "Next", 5)});
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(Drain(**next).finals[0].completion_tokens, 5);
+}
+
+TEST_F(SchedulerTest, StopStringEndsGenerationAtTheCompletingToken) {
+  SequenceJob job = Job(*engine_, "Once upon a time", 80);
+  auto ref = engine_->Generate(job.generate);
+  ASSERT_TRUE(ref.ok());
+  CompletionText full(engine_->tokenizer(), job.generate.prompt_tokens.back(), {}, {});
+  std::string text;
+  for (int32_t t : ref->tokens) text += full.Push(t);
+  text += full.Finish();
+  const size_t pos = text.find(" park");
+  ASSERT_NE(pos, std::string::npos) << text;
+
+  job.stop_strings = {" park", "never appears"};
+  auto sched = Make();
+  auto s = sched->Submit({job});
+  ASSERT_TRUE(s.ok());
+  Collected c = Drain(**s);
+  EXPECT_EQ(c.text, text.substr(0, pos));
+  ASSERT_EQ(c.finals.size(), 1u);
+  EXPECT_EQ(c.finals[0].finish_reason, FinishReason::kStop);
+  EXPECT_LT(c.tokens.size(), ref->tokens.size());
+  // Generation stopped exactly at the token that completed " park".
+  CompletionText check(engine_->tokenizer(), job.generate.prompt_tokens.back(), {}, {" park"});
+  size_t n = 0;
+  for (int32_t t : ref->tokens) {
+    check.Push(t);
+    ++n;
+    if (check.stopped()) break;
+  }
+  EXPECT_EQ(c.tokens.size(), n);
+}
+
+TEST_F(SchedulerTest, AFailingSequenceDoesNotAffectOthers) {
+  auto sched = Make();
+  SequenceJob bad = Job(*engine_, "x", 5);
+  bad.generate.prompt_tokens = {1, 999999};  // outside the vocabulary: the generator refuses it
+  auto a = sched->Submit({bad});
+  auto b = sched->Submit({Job(*engine_, "Fine", 7)});
+  ASSERT_TRUE(a.ok() && b.ok());
+  Collected ca = Drain(**a);
+  ASSERT_EQ(ca.finals.size(), 1u);
+  EXPECT_EQ(ca.finals[0].type, StreamEvent::Type::kError);
+  EXPECT_EQ(ca.finals[0].error.code(), StatusCode::kInvalidArgument);
+  Collected cb = Drain(**b);
+  ASSERT_EQ(cb.finals.size(), 1u);
+  EXPECT_EQ(cb.finals[0].type, StreamEvent::Type::kFinished);
+  EXPECT_EQ(cb.finals[0].completion_tokens, 7);
+}
+
+TEST_F(SchedulerTest, LogprobsAccompanyEveryToken) {
+  auto sched = Make();
+  SequenceJob job = Job(*engine_, "Lily", 20, 1.0f, 5);
+  job.top_logprobs = 3;
+  auto s = sched->Submit({job});
+  ASSERT_TRUE(s.ok());
+  size_t deltas = 0;
+  while (!(*s)->finished()) {
+    auto e = (*s)->Next(50ms);
+    if (!e || e->type != StreamEvent::Type::kDelta) continue;
+    ++deltas;
+    ASSERT_EQ(e->tokens.size(), 1u);
+    ASSERT_EQ(e->logprobs.size(), 1u);
+    EXPECT_EQ(e->logprobs[0].token, e->tokens[0]);
+    EXPECT_LE(e->logprobs[0].logprob, 0.0f);
+    ASSERT_EQ(e->logprobs[0].top.size(), 3u);
+    EXPECT_GE(e->logprobs[0].top[0].second, e->logprobs[0].logprob);
+  }
+  EXPECT_EQ(deltas, 20u);
+  EXPECT_EQ(engine_->kv().used_blocks(), 0);
+}
+
+TEST_F(SchedulerTest, ShutdownFailsQueuedAndCancelsRunning) {
+  auto sched = Make();
+  auto running = sched->Submit({LongJob(*engine_, "Running")});
+  ASSERT_TRUE(running.ok());
+  ASSERT_TRUE(First(**running));
+  auto queued = sched->Submit({Job(*engine_, "Queued", 10)});
+  ASSERT_TRUE(queued.ok());
+  sched->Shutdown();
+  Collected q = Drain(**queued, 1s);
+  ASSERT_EQ(q.finals.size(), 1u);
+  EXPECT_EQ(q.finals[0].type, StreamEvent::Type::kError);
+  EXPECT_EQ(q.finals[0].error.code(), StatusCode::kUnavailable);
+  Collected r = Drain(**running, 1s);
+  ASSERT_EQ(r.finals.size(), 1u);
+  EXPECT_EQ(r.finals[0].finish_reason, FinishReason::kCancelled);
+  auto late = sched->Submit({Job(*engine_, "late", 1)});
+  EXPECT_EQ(late.status().code(), StatusCode::kUnavailable);
+  sched->Shutdown();  // idempotent
+}
+
+// ---- CompletionService::Prepare ----------------------------------------------------------------
+
+class CompletionServiceTest : public SchedulerTest {
+ protected:
+  void SetUp() override {
+    SchedulerTest::SetUp();
+    sched_ = Make();
+    ServiceOptions o;
+    o.served_model_name = "tiny";
+    o.chat_template = "chatml";
+    service_ = std::make_unique<CompletionService>(*sched_, metrics_, o);
+  }
+  CompletionRequest Text(const std::string& prompt) {
+    CompletionRequest r;
+    r.prompts.push_back(PromptInput{false, prompt, {}});
+    return r;
+  }
+  std::unique_ptr<Scheduler> sched_;
+  std::unique_ptr<CompletionService> service_;
+};
+
+TEST_F(CompletionServiceTest, BuildsOneJobPerChoiceWithSeeds) {
+  CompletionRequest r = Text("Hello");
+  r.prompts.push_back(PromptInput{true, "", {1, 400, 401}});
+  r.n = 3;
+  r.seed = 100;
+  r.temperature = 0.7f;
+  r.top_k = -1;
+  r.max_tokens = 9;
+  r.stop = {"\n"};
+  r.logprobs = 2;
+  PreparedRequest p;
+  ApiError e = service_->Prepare(r, &p);
+  ASSERT_TRUE(e.ok()) << e.message;
+  ASSERT_EQ(p.jobs.size(), 6u);
+  const int32_t hello_len = static_cast<int32_t>(engine_->EncodePrompt("Hello")->size());
+  EXPECT_EQ(p.prompt_tokens, hello_len + 3);
+  for (int i = 0; i < 6; ++i) {
+    const SequenceJob& j = p.jobs[i];
+    EXPECT_EQ(j.index, i);
+    EXPECT_EQ(j.generate.sampling.seed, 100u + i % 3);
+    EXPECT_EQ(j.generate.sampling.top_k, 0);
+    EXPECT_EQ(j.generate.max_new_tokens, 9);
+    EXPECT_EQ(j.stop_strings, r.stop);
+    EXPECT_EQ(j.top_logprobs, 2);
+    EXPECT_EQ(j.generate.stop_tokens, engine_->default_stop_tokens());
+  }
+  EXPECT_EQ(p.jobs[4].generate.prompt_tokens, (std::vector<int32_t>{1, 400, 401}));
+}
+
+TEST_F(CompletionServiceTest, MaxTokensDefaults) {
+  CompletionRequest r = Text("Hello");
+  PreparedRequest p;
+  ASSERT_TRUE(service_->Prepare(r, &p).ok());
+  const int32_t prompt_len = static_cast<int32_t>(p.jobs[0].generate.prompt_tokens.size());
+  EXPECT_EQ(p.jobs[0].generate.max_new_tokens, 512 - prompt_len);  // rest of the context
+  r.default_max_tokens = 16;
+  ASSERT_TRUE(service_->Prepare(r, &p).ok());
+  EXPECT_EQ(p.jobs[0].generate.max_new_tokens, 16);
+}
+
+TEST_F(CompletionServiceTest, ChatUsesTheTemplate) {
+  CompletionRequest r;
+  r.chat = true;
+  r.messages = {{"user", "hi"}};
+  PreparedRequest p;
+  ApiError e = service_->Prepare(r, &p);
+  ASSERT_TRUE(e.ok()) << e.message;
+  std::vector<int32_t> stops = engine_->default_stop_tokens();
+  std::vector<ChatMessage> msgs = {{"user", "hi"}};
+  EXPECT_EQ(p.jobs[0].generate.prompt_tokens, *engine_->EncodeChat(msgs, "chatml", &stops));
+  r.messages = {{"system", "a"}, {"system", "b"}};  // the template refuses a second system message
+  e = service_->Prepare(r, &p);
+  EXPECT_EQ(e.HttpStatus(), 400);
+  EXPECT_EQ(e.param, "messages");
+}
+
+TEST_F(CompletionServiceTest, RefusesWhatTheModelCannotServe) {
+  struct Case {
+    std::function<void(CompletionRequest&)> edit;
+    int status;
+    std::string param;
+    std::string code;
+  };
+  const std::string long_prompt(5000, 'a');
+  std::vector<Case> cases = {
+      {[](CompletionRequest& r) { r.model = "gpt-4"; }, 404, "model", "model_not_found"},
+      {[](CompletionRequest& r) { r.temperature = 2.5f; }, 400, "temperature", ""},
+      {[](CompletionRequest& r) { r.temperature = -0.1f; }, 400, "temperature", ""},
+      {[](CompletionRequest& r) { r.temperature = std::nanf(""); }, 400, "temperature", ""},
+      {[](CompletionRequest& r) { r.top_p = 0; }, 400, "top_p", ""},
+      {[](CompletionRequest& r) { r.top_p = 1.01f; }, 400, "top_p", ""},
+      {[](CompletionRequest& r) { r.top_k = -2; }, 400, "top_k", ""},
+      {[](CompletionRequest& r) { r.n = 0; }, 400, "n", ""},
+      {[](CompletionRequest& r) { r.n = 17; }, 400, "n", ""},
+      {[](CompletionRequest& r) {
+         r.n = 9;
+         r.prompts.push_back(r.prompts[0]);
+       },
+       400, "n", ""},
+      {[](CompletionRequest& r) { r.logprobs = 21; }, 400, "logprobs", ""},
+      {[](CompletionRequest& r) { r.stop = {""}; }, 400, "stop", ""},
+      {[](CompletionRequest& r) { r.stop = std::vector<std::string>(17, "x"); }, 400, "stop", ""},
+      {[](CompletionRequest& r) { r.stop = {std::string(300, 'x')}; }, 400, "stop", ""},
+      {[](CompletionRequest& r) { r.max_tokens = -1; }, 400, "max_tokens", ""},
+      {[](CompletionRequest& r) { r.max_tokens = 513; }, 400, "max_tokens",
+       "context_length_exceeded"},
+      {[](CompletionRequest& r) { r.max_tokens = int64_t{1} << 62; }, 400, "max_tokens",
+       "context_length_exceeded"},
+      {[](CompletionRequest& r) { r.max_tokens = std::numeric_limits<int64_t>::max(); }, 400,
+       "max_tokens", "context_length_exceeded"},
+      {[&](CompletionRequest& r) { r.prompts[0].text = long_prompt; }, 400, "prompt",
+       "context_length_exceeded"},
+      {[](CompletionRequest& r) {
+         r.prompts[0] = PromptInput{true, "", {1, 512}};
+       },
+       400, "prompt", ""},
+      {[](CompletionRequest& r) {
+         r.prompts[0] = PromptInput{true, "", {}};
+       },
+       400, "prompt", ""},
+      {[](CompletionRequest& r) {
+         r.speculation.tree = {1, 0};
+       },
+       400, "speculation", ""},
+      {[](CompletionRequest& r) {
+         r.speculation.drafts = {DraftSpec{DraftSpec::Kind::kLayers, 5, ""}};
+       },
+       400, "speculation", ""},  // stories260K has 5 layers
+      {[](CompletionRequest& r) { r.speculation.enabled = true; }, 400, "speculation.enabled", ""},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    CompletionRequest r = Text("Hello");
+    cases[i].edit(r);
+    PreparedRequest p;
+    ApiError e = service_->Prepare(r, &p);
+    EXPECT_FALSE(e.ok()) << "case " << i;
+    EXPECT_EQ(e.HttpStatus(), cases[i].status) << "case " << i << ": " << e.message;
+    EXPECT_EQ(e.param, cases[i].param) << "case " << i << ": " << e.message;
+    EXPECT_EQ(e.error_code, cases[i].code) << "case " << i << ": " << e.message;
+  }
+  // The speculation refusal says what is going on.
+  CompletionRequest r = Text("Hello");
+  r.speculation.enabled = true;
+  PreparedRequest p;
+  EXPECT_EQ(service_->Prepare(r, &p).message, "speculation is not available in this build yet");
+  // Exactly filling the context is fine.
+  r = Text("");
+  r.max_tokens = 511;  // BOS + 511
+  EXPECT_TRUE(service_->Prepare(r, &p).ok());
+}
+
+}  // namespace
+}  // namespace specinfer
