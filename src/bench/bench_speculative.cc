@@ -140,7 +140,6 @@ int main(int argc, char** argv) {
       {"ngram", {"ngram"}, "2,1,1,1"},
       {"ngram:1", {"ngram:1"}, "1,1,1,1"},
       {self, {self}, "1,1"},
-      {self, {self}, "1,1,3,1,1,1,1,1"},
       {"ngram + " + self, {"ngram", self}, "1,1,1,1"},
   };
 
