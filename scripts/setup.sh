@@ -12,7 +12,7 @@ BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
 
 # Debian packages the build, the tests and the servers need. Why each is there: README.md.
 PACKAGES=(
-  build-essential cmake ninja-build pkg-config python3 python3-pip
+  build-essential cmake ninja-build pkg-config python3 python3-pip python3-venv
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libgtest-dev
   libopenblas-dev libpcre2-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
