@@ -95,6 +95,8 @@ int main(int argc, char** argv) {
   app.add_option("--tokens", tokens, "Tokens to generate per run")->check(CLI::Range(1, 4096));
   app.add_option("--runs", runs, "Repetitions (the median is reported)")->check(CLI::Range(1, 50));
   bool dequantize = false;
+  std::vector<std::string> only;
+  app.add_option("--workload", only, "Run only these workloads (edit, summarise, open)");
   app.add_flag("--dequantize", dequantize, "Run the model with its weights converted to float32");
   app.add_flag("--passes-only", passes_only, "Measure the tree-pass costs only (part 1)");
   app.add_option("--sizes", sizes, "Tree sizes for part 1")->check(CLI::Range(1, 512));
@@ -145,6 +147,7 @@ int main(int argc, char** argv) {
 
   bool all_equal = true;
   for (const Workload& w : workloads) {
+    if (!only.empty() && std::find(only.begin(), only.end(), w.name) == only.end()) continue;
     std::vector<int32_t> stops = engine.default_stop_tokens();
     std::vector<ChatMessage> messages = {{"user", w.prompt}};
     auto prompt = engine.EncodeChat(messages, "", &stops);
