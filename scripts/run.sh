@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The main job: sets up whatever is missing (packages, build, the default model), then generates
-# text with the default model, SmolLM2-135M-Instruct (Q4_1 GGUF). Extra arguments go to
+# One-off generation: sets up whatever is missing (packages, build, the default model), then
+# generates text with the default model, SmolLM2-135M-Instruct (Q4_1 GGUF). Extra arguments go to
 # `specinfer generate`, e.g.
 #   scripts/run.sh --prompt "The capital of France is" --max-tokens 64 --temperature 0
 # Set SPECINFER_MODEL (and SPECINFER_TOKENIZER for llama2.c files) to use another model.

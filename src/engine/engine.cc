@@ -53,9 +53,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   const ModelConfig& c = engine->model_->config();
   if (o.kv_block_size <= 0 || o.max_sequences <= 0)
     return InvalidArgumentError("kv block size and max sequences must be positive");
-  // Room for a full context plus the largest token tree a verification pass appends.
-  const int32_t blocks_per_seq = static_cast<int32_t>(
-      (c.max_seq_len + TreeShape::kMaxNodes + o.kv_block_size) / o.kv_block_size);
+  const int32_t blocks_per_seq = KvBlocksPerSequence(c.max_seq_len, o.kv_block_size);
   CpuRunnerOptions ro;
   ro.num_threads = o.num_threads;
   ro.kv_block_size = o.kv_block_size;

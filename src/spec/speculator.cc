@@ -223,9 +223,7 @@ StatusOr<std::unique_ptr<Speculator>> CreateModelSpeculator(std::string name,
   const ModelConfig& c = model->config();
   if (o.kv_block_size <= 0 || o.max_sequences <= 0)
     return InvalidArgumentError("draft KV cache needs positive block size and sequence count");
-  // Room for a full context plus the largest tree, per sequence.
-  const int32_t blocks_per_seq = static_cast<int32_t>(
-      (c.max_seq_len + TreeShape::kMaxNodes + o.kv_block_size) / o.kv_block_size);
+  const int32_t blocks_per_seq = KvBlocksPerSequence(c.max_seq_len, o.kv_block_size);
   CpuRunnerOptions ro;
   ro.num_threads = o.num_threads;
   ro.pool = o.pool;

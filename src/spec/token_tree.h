@@ -47,6 +47,12 @@ struct TreeShape {
   static TreeShape Chain(int32_t depth) { return TreeShape{std::vector<int32_t>(depth, 1)}; }
 };
 
+// KV blocks of `block_size` positions one sequence may need: a full `context` plus the largest
+// token tree a pass appends after it. Sizes the LLM's cache and every model draft's.
+inline int32_t KvBlocksPerSequence(int32_t context, int32_t block_size) {
+  return static_cast<int32_t>((context + TreeShape::kMaxNodes + block_size) / block_size);
+}
+
 // One proposal of a child.
 struct DraftTrial {
   int32_t child = 0;       // node index of the proposed token
