@@ -126,7 +126,7 @@ int RunGenerate(const GenerateArgs& a) {
   Utf8StreamDecoder decoder;
   std::string text;
   int32_t prev = req.prompt_tokens.back();
-  auto on_token = [&](int32_t id) {
+  auto on_token = [&](int32_t id, std::span<const float>) {
     bool is_stop = std::find(req.stop_tokens.begin(), req.stop_tokens.end(), id) !=
                    req.stop_tokens.end();
     std::string piece = is_stop ? std::string() : decoder.Push(tok.TokenBytes(prev, id));

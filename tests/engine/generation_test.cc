@@ -158,7 +158,7 @@ TEST(Generation, CallbackCanCancel) {
   req.prompt_tokens = *engine->EncodePrompt("Once");
   req.max_new_tokens = 100;
   int seen = 0;
-  auto r = engine->Generate(req, [&](int32_t) { return ++seen < 3; });
+  auto r = engine->Generate(req, [&](int32_t, std::span<const float>) { return ++seen < 3; });
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->tokens.size(), 3u);
   EXPECT_EQ(r->finish_reason, FinishReason::kCancelled);

@@ -324,7 +324,7 @@ void ExpectSampledTokensFollowTheLlm(const SamplingParams& sampling, int64_t n) 
   for (int64_t i = 0; i < n; ++i) {
     req.sampling.seed = 1000 + i;
     std::vector<int32_t> got;
-    auto r = engine->Generate(req, [&](int32_t t) {
+    auto r = engine->Generate(req, [&](int32_t t, std::span<const float>) {
       got.push_back(t);
       return got.size() < 2;
     });

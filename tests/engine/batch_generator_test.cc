@@ -1,0 +1,288 @@
+// Continuous batching (engine/batch_generator.h) on stories260K: many sequences of mixed lengths,
+// sampling settings and speculators sharing LLM passes must each produce exactly what they
+// produce alone; the token callback's logits must be those each token was chosen from; admission
+// must respect the KV budget; cancellation and a failed pass must end only whom they concern.
+#include "engine/batch_generator.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <random>
+
+#include "engine/engine.h"
+#include "test_util.h"
+
+namespace specinfer {
+namespace {
+
+std::unique_ptr<Engine> MakeEngine(int32_t max_sequences) {
+  EngineOptions o;
+  o.model_path = testing::Stories260KModel();
+  o.tokenizer_path = testing::Stories260KTokenizer();
+  o.num_threads = 1;
+  o.max_sequences = max_sequences;
+  auto e = Engine::Create(o);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  return e.ok() ? std::move(e).value() : nullptr;
+}
+
+struct Outcome {
+  std::optional<StatusOr<GenerateResult>> done;
+  std::vector<int32_t> streamed;
+};
+
+// Adds `req` to `batch`, recording what it streams and how it ends into `out`.
+BatchGenerator::Admission AddTo(BatchGenerator& batch, const GenerateRequest& req, Outcome& out) {
+  auto a = batch.Add(
+      req,
+      [&out](int32_t t, std::span<const float>) {
+        out.streamed.push_back(t);
+        return true;
+      },
+      [&out](StatusOr<GenerateResult> r) { out.done = std::move(r); });
+  EXPECT_TRUE(a.ok()) << a.status().ToString();
+  return a.ok() ? *a : BatchGenerator::Admission::kNoRoom;
+}
+
+// 32 requests of mixed prompt lengths, lengths, sampling settings and speculators, all admitted
+// at once and run with a small token budget (so prefill chunks and token trees share passes):
+// each one's tokens equal its tokens when generated alone.
+TEST(BatchGenerator, ThirtyTwoMixedSequencesEachEqualAlone) {
+  auto engine = MakeEngine(32);
+  ASSERT_TRUE(engine);
+  const std::vector<std::string> texts = {
+      "", "Once", "Once upon a time", "The cat sat on the mat and looked at the bird",
+      "Lily and Ben went to the park. They saw a big dog. The dog was happy and ran to them.",
+      "One day"};
+  std::mt19937 rng(7);
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < 32; ++i) {
+    GenerateRequest r;
+    r.prompt_tokens = *engine->EncodePrompt(texts[i % texts.size()]);
+    r.max_new_tokens = 5 + static_cast<int32_t>(rng() % 80);
+    r.stop_tokens = engine->default_stop_tokens();
+    if (i % 3 == 1) {
+      r.sampling.temperature = 0.9f;
+      r.sampling.top_p = 0.9f;
+      r.sampling.seed = 100 + i;
+    }
+    switch (i % 4) {
+      case 1:
+        r.speculators = {*engine->GetSpeculator("ngram")};
+        r.tree_shape = *TreeShape::Parse("1,1,1");
+        break;
+      case 2:
+        r.speculators = {*engine->GetSpeculator("layers:3"), *engine->GetSpeculator("ngram:2")};
+        r.tree_shape = *TreeShape::Parse("2,1,2");
+        break;
+      case 3:
+        r.speculators = {*engine->GetSpeculator("layers:2")};
+        r.tree_shape = *TreeShape::Parse("1,1,3,1");
+        break;
+      default:
+        break;  // incremental decoding
+    }
+    reqs.push_back(r);
+  }
+  std::vector<std::vector<int32_t>> alone;
+  for (const GenerateRequest& r : reqs) {
+    auto g = engine->Generate(r);
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    alone.push_back(g->tokens);
+  }
+
+  BatchOptions o;
+  o.max_sequences = 32;
+  o.max_batch_tokens = 48;
+  BatchGenerator batch(engine->runner(), engine->kv(), o);
+  std::vector<Outcome> out(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i)
+    ASSERT_EQ(AddTo(batch, reqs[i], out[i]), BatchGenerator::Admission::kAdmitted) << i;
+  int32_t steps = 0, peak = 0;
+  while (!batch.idle() && steps < 10000) {
+    peak = std::max(peak, batch.num_running());
+    batch.Step();
+    ++steps;
+  }
+  EXPECT_EQ(peak, 32);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE(out[i].done.has_value()) << i;
+    ASSERT_TRUE(out[i].done->ok()) << i << ": " << out[i].done->status().ToString();
+    EXPECT_EQ((*out[i].done)->tokens, alone[i]) << "sequence " << i;
+    EXPECT_EQ(out[i].streamed, alone[i]) << "sequence " << i;
+  }
+  EXPECT_EQ(engine->kv().used_blocks(), 0);
+  EXPECT_EQ(batch.reserved_kv_blocks(), 0);
+}
+
+// Each token arrives with the logits row it was chosen from: the logits after the prompt and the
+// tokens before it. Speculative steps emit several tokens per pass (each from its parent node's
+// row), so this checks the row bookkeeping of accepted paths too.
+TEST(BatchGenerator, TokenLogitsAreThoseOfEachPrefix) {
+  auto engine = MakeEngine(2);
+  ASSERT_TRUE(engine);
+  const int32_t vocab = engine->model().config().vocab_size;
+  for (bool speculate : {false, true}) {
+    for (float temperature : {0.0f, 1.0f}) {
+      GenerateRequest req;
+      req.prompt_tokens = *engine->EncodePrompt("Once upon a time, there was a big dog");
+      req.max_new_tokens = 40;
+      req.sampling.temperature = temperature;
+      req.sampling.seed = 3;
+      if (speculate) {
+        req.speculators = {*engine->GetSpeculator("layers:3"), *engine->GetSpeculator("ngram:1")};
+        req.tree_shape = *TreeShape::Parse("2,2,1");
+      }
+      std::vector<int32_t> tokens;
+      std::vector<std::vector<float>> rows;
+      auto r = engine->Generate(req, [&](int32_t t, std::span<const float> logits) {
+        tokens.push_back(t);
+        rows.emplace_back(logits.begin(), logits.end());
+        return true;
+      });
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      ASSERT_EQ(tokens.size(), 40u);
+      if (speculate) EXPECT_GT(r->stats.tokens_per_pass(), 1.0);
+      std::vector<int32_t> prefix = req.prompt_tokens;
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        const std::vector<float> want = testing::PromptLogits(
+            engine->runner(), engine->kv(), prefix, {static_cast<int32_t>(prefix.size()) - 1});
+        ASSERT_EQ(rows[i].size(), static_cast<size_t>(vocab));
+        float worst = 0;
+        for (int32_t v = 0; v < vocab; ++v) worst = std::max(worst, std::fabs(rows[i][v] - want[v]));
+        // The prompt's KV may come from the BLAS prefill in one and the batch-invariant kernels
+        // in the other: equal up to float rounding.
+        EXPECT_LT(worst, 1e-4f) << "spec=" << speculate << " T=" << temperature << " token " << i;
+        if (temperature == 0) {
+          EXPECT_EQ(std::max_element(rows[i].begin(), rows[i].end()) - rows[i].begin(), tokens[i])
+              << "greedy picks the argmax of its row, token " << i;
+        }
+        prefix.push_back(tokens[i]);
+      }
+    }
+  }
+  EXPECT_EQ(engine->kv().used_blocks(), 0);
+}
+
+TEST(BatchGenerator, AdmissionWaitsForKvRoom) {
+  auto engine = MakeEngine(1);
+  ASSERT_TRUE(engine);
+  // 24 blocks of 16 positions: room for one 200-token sequence (13 blocks) at a time.
+  KvCacheManager kv(24, engine->kv().block_size());
+  BatchGenerator batch(engine->runner(), kv, BatchOptions{});
+  GenerateRequest req;
+  req.prompt_tokens = *engine->EncodePrompt("Once upon a time");
+  req.max_new_tokens = 200;
+  Outcome a, b;
+  ASSERT_EQ(AddTo(batch, req, a), BatchGenerator::Admission::kAdmitted);
+  EXPECT_EQ(AddTo(batch, req, b), BatchGenerator::Admission::kNoRoom);
+  EXPECT_FALSE(b.done.has_value());
+  // One that could never fit is refused outright.
+  GenerateRequest huge = req;
+  huge.max_new_tokens = 500;
+  auto refused = batch.Add(huge, nullptr, nullptr);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  while (!a.done) batch.Step();
+  ASSERT_TRUE(a.done->ok());
+  ASSERT_EQ(AddTo(batch, req, b), BatchGenerator::Admission::kAdmitted);
+  while (!b.done) batch.Step();
+  ASSERT_TRUE(b.done->ok());
+  EXPECT_EQ((*b.done)->tokens, (*a.done)->tokens);
+  EXPECT_EQ(kv.used_blocks(), 0);
+}
+
+TEST(BatchGenerator, CancelPollEndsASequenceStillInPrefill) {
+  auto engine = MakeEngine(2);
+  ASSERT_TRUE(engine);
+  BatchOptions o;
+  o.max_batch_tokens = 8;  // a 100-token prompt takes many passes
+  BatchGenerator batch(engine->runner(), engine->kv(), o);
+  GenerateRequest req;
+  for (int i = 0; i < 100; ++i) req.prompt_tokens.push_back(1 + (i * 37) % 500);
+  req.max_new_tokens = 10;
+  bool cancel = false;
+  Outcome out;
+  auto a = batch.Add(
+      req, [&](int32_t t, std::span<const float>) { out.streamed.push_back(t); return true; },
+      [&](StatusOr<GenerateResult> r) { out.done = std::move(r); }, [&] { return cancel; });
+  ASSERT_TRUE(a.ok());
+  batch.Step();
+  batch.Step();
+  EXPECT_GT(engine->kv().used_blocks(), 0);
+  cancel = true;
+  batch.Step();
+  ASSERT_TRUE(out.done.has_value());
+  ASSERT_TRUE(out.done->ok());
+  EXPECT_EQ((*out.done)->finish_reason, FinishReason::kCancelled);
+  EXPECT_TRUE(out.streamed.empty());
+  EXPECT_TRUE(batch.idle());
+  EXPECT_EQ(engine->kv().used_blocks(), 0);
+}
+
+// A runner that fails its N-th forward pass (counting from 1), else runs the real one.
+class FailingRunner final : public ModelRunner {
+ public:
+  FailingRunner(ModelRunner& inner, int fail_at) : inner_(inner), fail_at_(fail_at) {}
+  const Model& model() const override { return inner_.model(); }
+  std::string name() const override { return "failing"; }
+  Status Forward(const ForwardBatch& b, const KvCacheManager& kv, std::span<float> l) override {
+    if (++calls_ == fail_at_) return InternalError("injected failure");
+    return inner_.Forward(b, kv, l);
+  }
+  Status MoveKv(const KvCacheManager& kv, SeqId s, std::span<const int32_t> src,
+                std::span<const int32_t> dst) override {
+    return inner_.MoveKv(kv, s, src, dst);
+  }
+  int32_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
+
+ private:
+  ModelRunner& inner_;
+  int fail_at_;
+  int calls_ = 0;
+};
+
+TEST(BatchGenerator, AFailedPassFailsItsSequencesAndServingGoesOn) {
+  auto engine = MakeEngine(4);
+  ASSERT_TRUE(engine);
+  FailingRunner runner(engine->runner(), /*fail_at=*/3);
+  BatchGenerator batch(runner, engine->kv(), BatchOptions{});
+  GenerateRequest req;
+  req.prompt_tokens = *engine->EncodePrompt("Once upon a time");
+  req.max_new_tokens = 20;
+  auto want = engine->Generate(req);
+  ASSERT_TRUE(want.ok());
+  Outcome a, b, c;
+  AddTo(batch, req, a);
+  AddTo(batch, req, b);
+  batch.Step();
+  batch.Step();
+  batch.Step();  // the failing pass
+  ASSERT_TRUE(a.done && b.done);
+  EXPECT_EQ(a.done->status().code(), StatusCode::kInternal);
+  EXPECT_NE(a.done->status().message().find("injected"), std::string::npos);
+  EXPECT_EQ(b.done->status().code(), StatusCode::kInternal);
+  EXPECT_EQ(engine->kv().used_blocks(), 0);
+  ASSERT_EQ(AddTo(batch, req, c), BatchGenerator::Admission::kAdmitted);
+  while (!c.done) batch.Step();
+  ASSERT_TRUE(c.done->ok()) << c.done->status().ToString();
+  EXPECT_EQ((*c.done)->tokens, want->tokens);
+}
+
+TEST(BatchGenerator, InvalidRequestIsRefusedAtAdd) {
+  auto engine = MakeEngine(1);
+  ASSERT_TRUE(engine);
+  BatchGenerator batch(engine->runner(), engine->kv(), BatchOptions{});
+  GenerateRequest req;
+  req.prompt_tokens = {1, 99999};
+  auto a = batch.Add(req, nullptr, nullptr);
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(batch.idle());
+  EXPECT_EQ(engine->kv().used_blocks(), 0);
+}
+
+}  // namespace
+}  // namespace specinfer
