@@ -35,6 +35,15 @@ void AddServeOptions(CLI::App* cmd, ServeArgs& a) {
       ->envname("SPECINFER_API_KEY");
   cmd->add_option("--chat-template", a.chat_template,
                   "Chat template override: chatml, llama2 or llama3 (default: the model's own)");
+  cmd->add_option("--max-batch", a.max_batch,
+                  "Sequences generated at once (continuous batching); the KV cache holds this "
+                  "many full contexts")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  cmd->add_option("--max-batch-tokens", a.max_batch_tokens,
+                  "Tokens per LLM pass: token trees first, prompt chunks fill the rest")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
   cmd->add_option("--max-queue", a.max_queue,
                   "Sequences that may wait for the engine; more get 503 'server busy'")
       ->check(CLI::Range(1, 1 << 20));
@@ -74,6 +83,8 @@ int RunServe(const ServeArgs& a) {
   o.served_model_name = a.served_model_name;
   o.chat_template = a.chat_template;
   o.scheduler.max_queue = a.max_queue;
+  o.scheduler.batch.max_sequences = a.max_batch;
+  o.scheduler.batch.max_batch_tokens = a.max_batch_tokens;
   auto tree = TreeShape::Parse(a.tree);
   if (!tree.ok()) {
     std::fprintf(stderr, "error: %s\n", tree.status().ToString().c_str());

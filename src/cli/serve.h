@@ -31,6 +31,8 @@ struct ServeArgs {
   std::string served_model_name;  // "": the model file's stem
   std::string api_key;
   std::string chat_template;
+  int max_batch = 4;
+  int max_batch_tokens = 512;
   int max_queue = 64;
   int64_t max_body_bytes = 4 << 20;
   int http_threads = 0;  // 0: max_queue + 16

@@ -17,6 +17,9 @@ namespace specinfer {
 namespace {
 
 constexpr auto kKeepAliveInterval = std::chrono::milliseconds(500);
+// How long a non-streaming request is answered as a plain response before its body is held open
+// with whitespace keep-alives (see HandleCompletion).
+constexpr auto kPlainResponseWait = std::chrono::seconds(2);
 constexpr const char* kJson = "application/json";
 
 // "cmpl-" + 24 random hex digits.
@@ -232,9 +235,13 @@ void HttpServer::Impl::HandleCompletion(OpenAiEndpoint endpoint, const std::stri
       endpoint, service.engine().tokenizer(), *prepared, service.model_name(), request.logprobs,
       NewId(endpoint == OpenAiEndpoint::kChat ? "chatcmpl-" : "cmpl-"), UnixNow());
 
+  CompletionService* service_ptr = &service;
   if (!request.stream) {
-    while (!stream->finished()) {
-      std::optional<StreamEvent> ev = stream->Next(std::chrono::seconds(1));
+    // Most responses are ready within kPlainResponseWait: wait for them and answer with the
+    // right status (an error that surfaces now still gets its 4xx/5xx).
+    const auto deadline = std::chrono::steady_clock::now() + kPlainResponseWait;
+    while (!stream->finished() && std::chrono::steady_clock::now() < deadline) {
+      std::optional<StreamEvent> ev = stream->Next(std::chrono::milliseconds(100));
       if (!ev) continue;
       if (ev->type == StreamEvent::Type::kError) {
         service.Cancel(stream);
@@ -242,13 +249,50 @@ void HttpServer::Impl::HandleCompletion(OpenAiEndpoint endpoint, const std::stri
       }
       writer->Add(*ev);
     }
-    res.set_content(writer->Response(), kJson);
+    if (stream->finished()) {
+      res.set_content(writer->Response(), kJson);
+      return;
+    }
+    // A long generation: the status (200) goes out now and the body is held open with a space
+    // every kKeepAliveInterval (leading whitespace is valid JSON) until the JSON is ready. A
+    // client that went away makes a write fail, which cancels its generation and frees its KV
+    // memory; without writes nothing would tell (the HTTP library reports no closed peer). An
+    // error from here on can only be the body: {"error": {...}} with status 200.
+    res.set_chunked_content_provider(
+        kJson,
+        [service_ptr, stream, writer](size_t, httplib::DataSink& sink) {
+          auto send = [&](std::string_view s) { return sink.write(s.data(), s.size()); };
+          auto last_write = std::chrono::steady_clock::now();
+          while (!stream->finished()) {
+            // A space per interval, whether or not tokens are coming in.
+            const auto now = std::chrono::steady_clock::now();
+            if (now - last_write >= kKeepAliveInterval) {
+              if (!send(" ")) {
+                service_ptr->Cancel(stream);  // the client is gone
+                return false;
+              }
+              last_write = now;
+            }
+            std::optional<StreamEvent> ev = stream->Next(kKeepAliveInterval);
+            if (!ev) continue;
+            if (ev->type == StreamEvent::Type::kError) {
+              service_ptr->Cancel(stream);
+              if (!send(OpenAiErrorBody(ApiError::FromStatus(ev->error)))) return false;
+              sink.done();
+              return true;
+            }
+            writer->Add(*ev);
+          }
+          if (!send(writer->Response())) return false;
+          sink.done();
+          return true;
+        },
+        [service_ptr, stream](bool) { service_ptr->Cancel(stream); });
     return;
   }
 
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");  // no proxy buffering of the event stream
-  CompletionService* service_ptr = &service;
   const bool include_usage = request.include_usage;
   res.set_chunked_content_provider(
       "text/event-stream",

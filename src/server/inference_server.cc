@@ -1,5 +1,7 @@
 #include "server/inference_server.h"
 
+#include <algorithm>
+
 #include <filesystem>
 
 namespace specinfer {
@@ -13,6 +15,9 @@ std::string DefaultServedModelName(const std::string& model_path) {
 }
 
 StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(InferenceServerOptions options) {
+  // KV memory (and the draft models' sessions) for every sequence the batch may run at once.
+  options.engine.max_sequences =
+      std::max(options.engine.max_sequences, options.scheduler.batch.max_sequences);
   SI_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(options.engine));
   if (options.served_model_name.empty())
     options.served_model_name = DefaultServedModelName(options.engine.model_path);
@@ -23,6 +28,8 @@ StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(std::unique_pt
                                                                   InferenceServerOptions options) {
   if (!engine) return InvalidArgumentError("no engine");
   if (options.scheduler.max_queue < 1) return InvalidArgumentError("max queue must be >= 1");
+  if (options.scheduler.batch.max_sequences < 1 || options.scheduler.batch.max_batch_tokens < 1)
+    return InvalidArgumentError("max batch sequences and tokens must be >= 1");
   if (options.served_model_name.empty())
     options.served_model_name = DefaultServedModelName(options.engine.model_path);
   if (options.served_model_name.empty()) options.served_model_name = "default";

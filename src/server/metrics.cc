@@ -106,6 +106,12 @@ void ServerMetrics::AddSpeculation(const SpeculationCounters& s) {
   for (const auto& [name, n] : s.accepted_by_speculator) spec_by_speculator_[name] += n;
 }
 
+int64_t ServerMetrics::finished(std::string_view reason) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = finished_.find(std::string(reason));
+  return it == finished_.end() ? 0 : it->second;
+}
+
 int64_t ServerMetrics::requests(std::string_view endpoint, std::string_view code) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = requests_.find({std::string(endpoint), std::string(code)});

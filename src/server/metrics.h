@@ -82,6 +82,8 @@ class ServerMetrics {
 
   // Requests answered so far for (endpoint, code); 0 if none (for tests).
   int64_t requests(std::string_view endpoint, std::string_view code) const;
+  // Sequences finished so far with `reason`; 0 if none (for tests).
+  int64_t finished(std::string_view reason) const;
   uint64_t ttft_count() const { return ttft_.count(); }
 
   // The whole exposition, gauges from `gauges`.

@@ -71,8 +71,10 @@ StatusOr<std::shared_ptr<ResponseStream>> Scheduler::Submit(std::vector<Sequence
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return UnavailableError("the server is shutting down");
-    if (queue_.size() + jobs.size() > static_cast<size_t>(options_.max_queue)) {
-      return UnavailableError("server busy: " + std::to_string(queue_.size()) +
+    // The worker's head (popped, waiting for room) still counts as waiting.
+    const size_t waiting = queue_.size() + static_cast<size_t>(waiting_head_.load());
+    if (waiting + jobs.size() > static_cast<size_t>(options_.max_queue)) {
+      return UnavailableError("server busy: " + std::to_string(waiting) +
                               " sequences are queued (limit " + std::to_string(options_.max_queue) +
                               "); retry later");
     }
@@ -133,6 +135,7 @@ SchedulerGauges Scheduler::gauges() const {
     std::lock_guard<std::mutex> lock(mu_);
     g.queued = static_cast<int64_t>(queue_.size());
   }
+  g.queued += waiting_head_.load();
   g.running = running_.load();
   g.kv_blocks_used = kv_used_.load();
   g.kv_blocks_total = kv_total_;
@@ -141,42 +144,69 @@ SchedulerGauges Scheduler::gauges() const {
 
 void Scheduler::PublishKv() { kv_used_ = engine_.kv().used_blocks(); }
 
+// What the worker keeps for one running sequence; shared by its callbacks.
+struct Scheduler::Active {
+  Active(Job j, const Tokenizer& tok)
+      : job(std::move(j)),
+        text(tok, job.job.generate.prompt_tokens.back(), job.job.generate.stop_tokens,
+             job.job.stop_strings) {}
+  Job job;
+  CompletionText text;
+  bool speculative = false;
+  bool first = true;
+  ResponseStream::Clock::time_point last;
+};
+
 void Scheduler::WorkerLoop() {
+  BatchGenerator batch(engine_.runner(), engine_.kv(), options_.batch);
   for (;;) {
-    Job job;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (stopping_) return;  // Shutdown() fails whatever is still queued
-      job = std::move(queue_.front());
-      queue_.pop_front();
-      running_ = 1;
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty() || head_ || !batch.idle(); });
+      if (stopping_) break;
     }
-    Run(job);
-    running_ = 0;
+    Admit(batch);
+    batch.Step();
+    PublishKv();
   }
-}
-
-void Scheduler::Run(Job& job) {
-  try {
-    RunSequence(job);
-  } catch (const std::exception& ex) {  // e.g. std::bad_alloc: fail this sequence only
-    spdlog::error("sequence failed with an exception: {}", ex.what());
-    StreamEvent e;
-    e.type = StreamEvent::Type::kError;
-    e.index = job.job.index;
-    e.error = InternalError(std::string("generation failed: ") + ex.what());
-    job.stream->Push(std::move(e));
-    metrics_.CountFinished("error");
+  // Shutdown: Shutdown() failed the queue; the head and the running sequences end here.
+  if (head_) {
+    FailJob(*head_, UnavailableError("the server is shutting down"));
+    head_.reset();
+    waiting_head_ = 0;
   }
+  batch.CancelAll();
   PublishKv();
 }
 
-void Scheduler::RunSequence(Job& job) {
+void Scheduler::Admit(BatchGenerator& batch) {
+  for (;;) {
+    if (!head_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (queue_.empty()) return;
+      head_ = std::move(queue_.front());
+      queue_.pop_front();
+      waiting_head_ = 1;
+    }
+    if (Start(batch, *head_) == BatchGenerator::Admission::kNoRoom) return;  // wait
+    head_.reset();
+    waiting_head_ = 0;
+  }
+}
+
+void Scheduler::FailJob(Job& job, Status error) {
+  StreamEvent e;
+  e.type = StreamEvent::Type::kError;
+  e.index = job.job.index;
+  e.error = std::move(error);
+  job.stream->Push(std::move(e));
+  metrics_.CountFinished("error");
+}
+
+BatchGenerator::Admission Scheduler::Start(BatchGenerator& batch, Job& job) {
   ResponseStream& stream = *job.stream;
   const SequenceJob& sj = job.job;
-  const GenerateRequest& req = sj.generate;
-  const int32_t prompt_len = static_cast<int32_t>(req.prompt_tokens.size());
+  const int32_t prompt_len = static_cast<int32_t>(sj.generate.prompt_tokens.size());
   if (stream.cancelled() || shutdown_) {
     StreamEvent e;
     e.type = StreamEvent::Type::kFinished;
@@ -185,40 +215,10 @@ void Scheduler::RunSequence(Job& job) {
     e.prompt_tokens = prompt_len;
     stream.Push(std::move(e));
     metrics_.CountFinished("cancelled");
-    return;
+    return BatchGenerator::Admission::kAdmitted;  // done with it
   }
 
-  CompletionText text(engine_.tokenizer(), req.prompt_tokens.back(), req.stop_tokens,
-                      sj.stop_strings);
-  const bool want_logprobs = sj.top_logprobs >= 0;
-  // With logprobs, deltas wait for the scoring pass after generation (see server/logprobs.h).
-  std::vector<StreamEvent> held;
-  auto last = ResponseStream::Clock::now();
-  bool first = true;
-  auto on_token = [&](int32_t id) {
-    const auto now = ResponseStream::Clock::now();
-    if (first) {
-      if (!stream.first_token_seen_.exchange(true))
-        metrics_.ObserveTimeToFirstToken(Seconds(now - stream.submitted_at()));
-      first = false;
-    } else {
-      metrics_.ObserveInterTokenLatency(Seconds(now - last));
-    }
-    last = now;
-    PublishKv();
-    StreamEvent e;
-    e.index = sj.index;
-    e.text = text.Push(id);
-    e.tokens = {id};
-    if (want_logprobs)
-      held.push_back(std::move(e));
-    else
-      stream.Push(std::move(e));
-    return !stream.cancelled() && !shutdown_ && !text.stopped();
-  };
-
-  metrics_.AddPromptTokens(prompt_len);
-  GenerateRequest run = req;
+  GenerateRequest run = sj.generate;
   if (sj.speculation.enabled) {
     // The request's speculators (or the ones loaded at start), and its tree (or the default).
     std::vector<std::string> names = options_.default_drafts;
@@ -226,76 +226,87 @@ void Scheduler::RunSequence(Job& job) {
       names.clear();
       for (const DraftSpec& d : sj.speculation.drafts) names.push_back(d.ToString());
     }
-    {
-      for (const std::string& name : names) {
-        auto s = engine_.GetSpeculator(name);
-        if (!s.ok()) {
-          StreamEvent e;
-          e.type = StreamEvent::Type::kError;
-          e.index = sj.index;
-          e.error = s.status();
-          stream.Push(std::move(e));
-          metrics_.CountFinished("error");
-          return;
-        }
-        run.speculators.push_back(*s);
+    for (const std::string& name : names) {
+      auto s = engine_.GetSpeculator(name);
+      if (!s.ok()) {
+        FailJob(job, s.status());
+        return BatchGenerator::Admission::kAdmitted;
       }
+      run.speculators.push_back(*s);
     }
     run.tree_shape = sj.speculation.tree.empty() ? options_.default_tree
                                                  : TreeShape{sj.speculation.tree};
   }
-  auto result = engine_.Generate(run, on_token);
-  PublishKv();
-  if (!result.ok()) {
+
+  // The callbacks share the sequence's state; it lives as long as the generator holds them.
+  auto a = std::make_shared<Active>(job, engine_.tokenizer());
+  a->speculative = !run.speculators.empty();
+  auto on_token = [this, a](int32_t id, std::span<const float> logits) {
+    ResponseStream& st = *a->job.stream;
+    const SequenceJob& j = a->job.job;
+    const auto now = ResponseStream::Clock::now();
+    if (a->first) {
+      if (!st.first_token_seen_.exchange(true))
+        metrics_.ObserveTimeToFirstToken(Seconds(now - st.submitted_at()));
+      a->first = false;
+    } else {
+      metrics_.ObserveInterTokenLatency(Seconds(now - a->last));
+    }
+    a->last = now;
     StreamEvent e;
-    e.type = StreamEvent::Type::kError;
-    e.index = sj.index;
-    e.error = result.status();
-    stream.Push(std::move(e));
-    metrics_.CountFinished("error");
+    e.index = j.index;
+    e.text = a->text.Push(id);
+    e.tokens = {id};
+    if (j.top_logprobs >= 0) e.logprobs = {LogprobsFromLogits(logits, id, j.top_logprobs)};
+    st.Push(std::move(e));
+    return !st.cancelled() && !shutdown_ && !a->text.stopped();
+  };
+  auto on_done = [this, a](StatusOr<GenerateResult> outcome) { Finish(*a, std::move(outcome)); };
+  auto cancelled = [this, a] { return a->job.stream->cancelled() || shutdown_.load(); };
+
+  auto admitted = batch.Add(std::move(run), on_token, on_done, cancelled);
+  if (!admitted.ok()) {
+    FailJob(job, admitted.status());
+    return BatchGenerator::Admission::kAdmitted;
+  }
+  if (*admitted == BatchGenerator::Admission::kAdmitted) {
+    ++running_;
+    metrics_.AddPromptTokens(prompt_len);
+  }
+  return *admitted;
+}
+
+void Scheduler::Finish(Active& a, StatusOr<GenerateResult> outcome) {
+  ResponseStream& stream = *a.job.stream;
+  const SequenceJob& sj = a.job.job;
+  --running_;  // before the final event, so whoever reads it sees the gauge settled
+  PublishKv();
+  if (!outcome.ok()) {
+    FailJob(a.job, outcome.status());
     return;
   }
-  const int32_t generated = static_cast<int32_t>(result->tokens.size());
+  const GenerateResult& result = *outcome;
+  const int32_t generated = static_cast<int32_t>(result.tokens.size());
   metrics_.AddGeneratedTokens(generated);
-  if (!run.speculators.empty()) {
-    const SpeculationStats& sp = result->stats.spec;
+  if (a.speculative) {
+    const SpeculationStats& sp = result.stats.spec;
     SpeculationCounters c;
-    c.llm_passes = result->stats.decode_passes;
+    c.llm_passes = result.stats.decode_passes;
     c.accepted_tokens = sp.accepted_tokens;
     c.accepted_by_depth = sp.accepted_at_depth;
     for (size_t i = 0; i < sp.speculator_names.size(); ++i)
       c.accepted_by_speculator.emplace_back(sp.speculator_names[i], sp.accepted_by[i]);
     metrics_.AddSpeculation(c);
   }
-  FinishReason reason = result->finish_reason;
-  if (reason == FinishReason::kCancelled && text.stopped()) reason = FinishReason::kStop;
-
-  if (want_logprobs && reason != FinishReason::kCancelled) {
-    auto scored = TeacherForcedLogprobs(engine_.runner(), engine_.kv(), req.prompt_tokens,
-                                        result->tokens, sj.top_logprobs, req.prefill_chunk);
-    PublishKv();
-    if (!scored.ok() || scored->size() != held.size()) {
-      StreamEvent e;
-      e.type = StreamEvent::Type::kError;
-      e.index = sj.index;
-      e.error = scored.ok() ? InternalError("logprob pass returned a wrong count")
-                            : scored.status().WithContext("computing logprobs");
-      stream.Push(std::move(e));
-      metrics_.CountFinished("error");
-      return;
-    }
-    for (size_t i = 0; i < held.size(); ++i) {
-      held[i].logprobs = {std::move((*scored)[i])};
-      stream.Push(std::move(held[i]));
-    }
-  }
+  FinishReason reason = result.finish_reason;
+  if (reason == FinishReason::kCancelled && a.text.stopped()) reason = FinishReason::kStop;
 
   StreamEvent done;
   done.type = StreamEvent::Type::kFinished;
   done.index = sj.index;
-  done.text = reason == FinishReason::kCancelled ? std::string() : text.Finish();
+  done.text = reason == FinishReason::kCancelled ? std::string() : a.text.Finish();
   done.finish_reason = reason;
-  done.prompt_tokens = prompt_len;
+  done.prompt_tokens = static_cast<int32_t>(sj.generate.prompt_tokens.size());
   done.completion_tokens = generated;
   stream.Push(std::move(done));
   metrics_.CountFinished(FinishLabel(reason));

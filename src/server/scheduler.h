@@ -1,35 +1,37 @@
-// The request scheduler between the frontends and the Engine.
+// The request manager between the frontends and the Engine: a bounded FIFO of waiting sequences
+// in front of BatchGenerator's continuous batching (engine/batch_generator.h).
 //
 // Frontend threads (HTTP handlers, gRPC handlers; any number) Submit() the sequences of a
-// request and read its ResponseStream; one worker thread owns the Engine and runs the queued
-// sequences one at a time in FIFO order (Engine::Generate serves a single sequence and is not
-// thread-safe). Tokens reach the stream from the generator's token callback as they are chosen,
-// turned into text (server/text_output.h) on the worker, so stop strings end generation at the
-// exact token.
+// request and read its ResponseStream; one worker thread owns the Engine's runner and KV cache.
+// Between iterations it admits waiting sequences in FIFO order while the KV cache and the batch
+// limits have room for them, then runs one iteration: one LLM pass holding every running
+// sequence's token tree plus prefill chunks of newcomers. Tokens reach the stream from each
+// sequence's token callback as they are chosen, turned into text (server/text_output.h) on the
+// worker, so stop strings end generation at the exact token; logprobs come from the very logits
+// rows the tokens were chosen from, so they stream live too.
 //
-//   frontend ──Submit(jobs)──> [bounded FIFO queue] ──> worker: Engine::Generate(job, on_token)
-//      ^                                                     │
-//      └──────────── ResponseStream (events) <───────────────┘
+//   frontend ──Submit(jobs)──> [bounded FIFO queue] ──admit──> BatchGenerator ──Step()──┐
+//      ^                                                        (running set)           │
+//      └──────────── ResponseStream (events) <──────────────────────────────────────────┘
 //
 // Admission: at most `max_queue` sequences wait; a request that does not fit is refused whole
-// with Unavailable ("server busy"), which the gateway answers with 503.
+// with Unavailable ("server busy"), which the gateway answers with 503. A sequence that could
+// never fit the KV cache is failed with ResourceExhausted.
 //
 // Cancellation: Cancel() (a frontend whose client disconnected) drops the request's queued
-// sequences at once and makes the running one's token callback return false, so Generator stops
-// before its next forward pass and frees the sequence's KV blocks on return. Each cancelled
-// sequence still gets its final event (finish reason kCancelled).
+// sequences at once; running ones end before the next iteration (their cancel poll) or at their
+// next token, and free their KV blocks then. Each cancelled sequence still gets its final event
+// (finish reason kCancelled).
 //
 // Failure isolation: an error (or exception) in one sequence becomes that sequence's kError
-// event; the worker goes on with the next one.
+// event; a failed LLM pass fails the sequences in it; the worker goes on with the others.
 //
-// Replacing the worker: a continuous-batching request manager can take this class's place
-// without touching the frontends. What they rely on is only Submit / Cancel / gauges / engine()
-// and the per-sequence event order documented on StreamEvent; events of different sequences of
-// one request may then interleave (the frontends already route by StreamEvent::index).
+// Events of different sequences (of one request or of many) interleave; per sequence the order
+// documented on StreamEvent holds, and frontends route by StreamEvent::index.
 //
 // Thread safety: every public method may be called from any thread. engine() gives frontends the
 // Engine's immutable parts (tokenizer, chat template, config) for tokenization; only the worker
-// calls Engine::Generate or touches the runner and KV cache.
+// touches the runner and KV cache.
 #pragma once
 
 #include <atomic>
@@ -43,6 +45,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/batch_generator.h"
 #include "engine/engine.h"
 #include "server/metrics.h"
 #include "server/request.h"
@@ -80,7 +83,10 @@ class ResponseStream {
 };
 
 struct SchedulerOptions {
-  int32_t max_queue = 64;  // sequences waiting (not counting the running one)
+  int32_t max_queue = 64;  // sequences waiting (not counting running ones)
+  // Running sequences and tokens per LLM pass. max_sequences must not exceed the Engine's
+  // max_sequences (its draft models keep KV for that many).
+  BatchOptions batch;
   // Token-tree shape for requests that enable speculation without giving one.
   TreeShape default_tree = TreeShape{{1, 1, 3, 1, 1, 1, 1, 1}};
   // Speculators for requests that enable speculation without naming any (spec strings).
@@ -117,9 +123,16 @@ class Scheduler {
     std::shared_ptr<ResponseStream> stream;
   };
 
+  struct Active;
+
   void WorkerLoop() SI_EXCLUDES(mu_);
-  void Run(Job& job);
-  void RunSequence(Job& job);
+  // Admits waiting sequences while there is room; returns when the queue's head must wait.
+  void Admit(BatchGenerator& batch) SI_EXCLUDES(mu_);
+  // Starts one job on `batch`: kNoRoom leaves it waiting; an error or a cancelled stream ends it
+  // with its final event.
+  BatchGenerator::Admission Start(BatchGenerator& batch, Job& job);
+  void Finish(Active& a, StatusOr<GenerateResult> outcome);
+  void FailJob(Job& job, Status error);
   void PublishKv();
 
   Engine& engine_;
@@ -131,7 +144,9 @@ class Scheduler {
   std::deque<Job> queue_ SI_GUARDED_BY(mu_);
   bool stopping_ SI_GUARDED_BY(mu_) = false;
 
-  std::atomic<bool> shutdown_{false};  // read by the running sequence's token callback
+  std::optional<Job> head_;  // worker only: popped from the queue, waiting for room
+  std::atomic<bool> shutdown_{false};  // read by the running sequences' callbacks
+  std::atomic<int64_t> waiting_head_{0};
   std::atomic<int64_t> running_{0};
   std::atomic<int64_t> kv_used_{0};
   const int64_t kv_total_;

@@ -351,9 +351,70 @@ TEST_F(HttpServerTest, DisconnectingMidStreamCancelsAndFreesKv) {
   EXPECT_EQ(next.status, 200);
 }
 
+// Non-streaming requests that outlast the plain-response wait: the body is held open with
+// whitespace and ends in the JSON; and a client that gives up (closes its connection) cancels its
+// generation and frees its KV memory. Needs a model slow enough to outlast the wait: the default
+// SmolLM2 (skipped without it).
+TEST(HttpServerSlowModel, LongNonStreamingRequestsAndClientsThatLeave) {
+  const std::string model = testing::DefaultModel();
+  if (model.empty()) GTEST_SKIP() << "default model absent (scripts/fetch_model.sh places it)";
+  InferenceServerOptions o;
+  o.engine.model_path = model;
+  o.engine.num_threads = 1;
+  o.engine.context_length = 4096;
+  o.scheduler.batch.max_sequences = 1;
+  o.http.port = 0;
+  o.enable_grpc = false;
+  auto started = InferenceServer::Start(std::move(o));
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  std::unique_ptr<InferenceServer> server = std::move(started).value();
+  const int port = server->http_port();
+
+  // (1) Longer than the plain-response wait, answered whole: valid JSON after the keep-alives.
+  {
+    json req = {{"prompt", "Once upon a time"}, {"max_tokens", 400}, {"ignore_eos", true},
+                {"temperature", 0}};
+    const auto t0 = std::chrono::steady_clock::now();
+    testing::HttpReply r = testing::Post("127.0.0.1", port, "/v1/completions", req.dump());
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_EQ(r.status, 200) << r.body;
+    json j = json::parse(r.body);  // leading whitespace is valid JSON
+    EXPECT_EQ(j["usage"]["completion_tokens"], 400);
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+    if (seconds > 2.5) {
+      EXPECT_EQ(r.body.front(), ' ') << "a long response is held open with whitespace";
+    }
+  }
+
+  // (2) A client that gives up after a second: its generation stops soon after.
+  const int64_t cancelled_before = server->metrics().finished("cancelled");
+  {
+    httplib::Client cli("127.0.0.1", port);
+    cli.set_read_timeout(1, 0);
+    json req = {{"prompt", "Once upon a time"}, {"max_tokens", 3000}, {"ignore_eos", true}};
+    auto res = cli.Post("/v1/completions", req.dump(), "application/json");
+    EXPECT_FALSE(res) << "the client was to time out";
+  }  // closes the connection
+  const auto left = std::chrono::steady_clock::now();
+  bool idle = false;
+  while (std::chrono::steady_clock::now() - left < 20s) {
+    if (server->scheduler().gauges().running == 0) {
+      idle = true;
+      break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_TRUE(idle) << "generation went on after the client left";
+  EXPECT_LT(std::chrono::steady_clock::now() - left, 10s);
+  EXPECT_EQ(server->metrics().finished("cancelled") - cancelled_before, 1);
+  EXPECT_EQ(server->scheduler().gauges().kv_blocks_used, 0);
+}
+
 TEST(HttpServerLimits, QueueFullIs503) {
   InferenceServerOptions o;
   o.scheduler.max_queue = 2;
+  o.scheduler.batch.max_sequences = 1;  // one runs, the others queue
   auto server = StartServer(o);
   ASSERT_TRUE(server);
   const int port = server->http_port();

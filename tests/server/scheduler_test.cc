@@ -74,8 +74,12 @@ class SchedulerTest : public ::testing::Test {
     engine_ = testing::Stories260KEngine();
     ASSERT_TRUE(engine_);
   }
-  std::unique_ptr<Scheduler> Make(int32_t max_queue = 16) {
-    return std::make_unique<Scheduler>(*engine_, metrics_, SchedulerOptions{max_queue});
+  // max_running = 1: one sequence at a time, the others wait in FIFO order.
+  std::unique_ptr<Scheduler> Make(int32_t max_queue = 16, int32_t max_running = 1) {
+    SchedulerOptions o;
+    o.max_queue = max_queue;
+    o.batch.max_sequences = max_running;
+    return std::make_unique<Scheduler>(*engine_, metrics_, o);
   }
 
   std::unique_ptr<Engine> engine_;
@@ -108,7 +112,7 @@ TEST_F(SchedulerTest, StreamsExactlyWhatEngineGenerateProduces) {
   EXPECT_EQ(metrics_.ttft_count(), 1u);
 }
 
-TEST_F(SchedulerTest, ServesInFifoOrder) {
+TEST_F(SchedulerTest, AdmitsInFifoOrderWhenTheBatchIsFull) {
   auto sched = Make();
   auto a = sched->Submit({LongJob(*engine_, "First")});
   auto b = sched->Submit({LongJob(*engine_, "Second")});
@@ -131,6 +135,42 @@ TEST_F(SchedulerTest, ServesInFifoOrder) {
   ASSERT_EQ(cc.finals.size(), 1u);
   EXPECT_EQ(cc.finals[0].completion_tokens, 5);
   EXPECT_EQ(sched->gauges().queued, 0);
+}
+
+// Continuous batching: sequences submitted one after the other run side by side (a short one
+// finishes while a long one goes on), and each streams exactly what it produces alone.
+TEST_F(SchedulerTest, RunsSequencesSideBySide) {
+  std::vector<SequenceJob> jobs = {LongJob(*engine_, "Once upon a time", 300),
+                                   Job(*engine_, "The cat", 20, 0.9f, 5),
+                                   Job(*engine_, "Lily and Ben went to the park", 40),
+                                   Job(*engine_, "One day", 30, 1.0f, 9)};
+  std::vector<std::vector<int32_t>> alone;
+  for (const SequenceJob& j : jobs) {
+    auto r = engine_->Generate(j.generate);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    alone.push_back(r->tokens);
+  }
+  auto sched = Make(/*max_queue=*/16, /*max_running=*/4);
+  std::vector<std::shared_ptr<ResponseStream>> streams;
+  for (const SequenceJob& j : jobs) {
+    auto s = sched->Submit({j});
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    streams.push_back(*s);
+  }
+  // The long one is still running when the short ones are done: they did not wait for it.
+  Collected c1 = Drain(*streams[1]);
+  EXPECT_FALSE(streams[0]->finished());
+  EXPECT_GE(sched->gauges().running, 1);
+  std::vector<Collected> got(jobs.size());
+  got[1] = c1;
+  for (size_t i : {0u, 2u, 3u}) got[i] = Drain(*streams[i]);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, alone[i]) << "sequence " << i;
+    ASSERT_EQ(got[i].finals.size(), 1u);
+    EXPECT_EQ(got[i].finals[0].type, StreamEvent::Type::kFinished);
+  }
+  EXPECT_EQ(sched->gauges().running, 0);
+  EXPECT_EQ(sched->gauges().kv_blocks_used, 0);
 }
 
 TEST_F(SchedulerTest, FullQueueRefusesWholeRequests) {
