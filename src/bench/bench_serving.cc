@@ -1,0 +1,220 @@
+// Serving load benchmark: an in-process daemon (the real HTTP gateway, scheduler and continuous
+// batching) and C concurrent streaming clients on loopback, for each concurrency in --concurrency
+// and with speculation off and on, all in one run. Prints per setting: requests/s, generated
+// tokens/s, and the median / p90 / p99 of time to first token (TTFT: request sent -> first text)
+// and time per output token (TPOT: (last - first token time) / (tokens - 1), per request).
+// Requests are greedy, so every request's text must be the same with speculation on and off; the
+// program checks that and exits 1 if not.
+//
+//   bench_serving --model M [--tokenizer T] [--threads 2] [--concurrency 1,8,32]
+//                 [--requests 32] [--max-tokens 64] [--draft ngram] [--tree 1,1,1,1]
+//                 [--workload edit|open] [--chat-template chatml]
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "server/inference_server.h"
+#include "sse_client.h"
+
+namespace specinfer {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// Prompts of the two workloads: "edit" repeats its input (prompt lookup guesses well), "open"
+// is free writing (guesses rarely hit).
+const std::vector<std::string> kEditTexts = {
+    "The quick brown fox jumps over the lazy dog while the farmer watches from the porch.",
+    "Our meeting is moved to Thursday at ten in the small room on the second floor.",
+    "Please bring the signed forms, your badge and a laptop charger to the training.",
+    "The library opens at nine, closes at six, and is shut on public holidays.",
+    "Water the tomatoes every morning, and pick the ripe ones before the weekend.",
+    "The train to the coast leaves from platform four and stops at every station.",
+    "Remember to back up the database before upgrading the server on Friday night.",
+    "The recipe needs two eggs, a cup of flour, some milk and a pinch of salt."};
+const std::vector<std::string> kOpenTexts = {
+    "Write a short story about a robot who learns to paint.",
+    "Explain why the sky is blue to a ten-year-old.",
+    "Describe your ideal weekend in a few sentences.",
+    "Give three tips for learning a new language.",
+    "What makes a good cup of coffee?",
+    "Tell me about the ocean.",
+    "Invent a new holiday and describe how people celebrate it.",
+    "Why do cats purr?"};
+
+struct Sample {
+  bool ok = false;
+  std::string text;
+  int tokens = 0;
+  double ttft = 0, tpot = 0, seconds = 0;
+};
+
+Sample RunOne(int port, const json& body) {
+  Sample s;
+  const auto t0 = Clock::now();
+  testing::HttpReply r = testing::Post("127.0.0.1", port, "/v1/chat/completions", body.dump());
+  s.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (r.status != 200) {
+    std::fprintf(stderr, "request failed: %d %s %s\n", r.status, r.error.c_str(), r.body.c_str());
+    return s;
+  }
+  double first = -1, last = -1;
+  for (size_t i = 0; i < r.events.size(); ++i) {
+    if (r.events[i] == "[DONE]") continue;
+    json j = json::parse(r.events[i], nullptr, false);
+    if (j.is_discarded()) continue;
+    if (j.contains("usage") && j["usage"].is_object())
+      s.tokens = j["usage"]["completion_tokens"].get<int>();
+    if (!j.contains("choices") || j["choices"].empty()) continue;
+    const json& delta = j["choices"][0]["delta"];
+    if (delta.contains("content") && delta["content"].is_string() &&
+        !delta["content"].get<std::string>().empty()) {
+      s.text += delta["content"].get<std::string>();
+      if (first < 0) first = r.event_seconds[i];
+      last = r.event_seconds[i];
+    }
+  }
+  s.ok = first >= 0 && s.tokens > 0;
+  s.ttft = first;
+  s.tpot = s.tokens > 1 ? (last - first) / (s.tokens - 1) : 0;
+  return s;
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5));
+  return v[i];
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"specinfer serving load benchmark"};
+  std::string model, tokenizer, draft = "ngram", tree = "1,1,1,1", workload = "edit",
+      chat_template;
+  int threads = 2, requests = 32, max_tokens = 64;
+  std::vector<int> concurrency = {1, 8, 32};
+  app.add_option("-m,--model", model, "Model file")->required();
+  app.add_option("--tokenizer", tokenizer, "Tokenizer file (llama2.c)");
+  app.add_option("--chat-template", chat_template,
+                 "For models without one of their own: chatml, llama2 or llama3");
+  app.add_option("-t,--threads", threads, "Engine threads")->check(CLI::Range(0, 256));
+  app.add_option("--concurrency", concurrency, "Concurrent clients, one setting each")
+      ->delimiter(',');
+  app.add_option("--requests", requests, "Requests per setting (at least the concurrency)")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--max-tokens", max_tokens, "Tokens per request")->check(CLI::Range(1, 4096));
+  app.add_option("--draft", draft, "Speculator of the speculation-on runs");
+  app.add_option("--tree", tree, "Token-tree shape of the speculation-on runs");
+  app.add_option("--workload", workload, "edit (repeat a given text) or open (free writing)")
+      ->check(CLI::IsMember({"edit", "open"}));
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::warn);
+
+  const int max_c = *std::max_element(concurrency.begin(), concurrency.end());
+  InferenceServerOptions o;
+  o.engine.model_path = model;
+  o.engine.tokenizer_path = tokenizer;
+  o.engine.num_threads = threads;
+  o.engine.context_length = 2048;
+  o.chat_template = chat_template;  // KV for max_c sequences stays small
+  o.scheduler.batch.max_sequences = max_c;
+  o.scheduler.max_queue = std::max(64, 2 * max_c);
+  o.http.port = 0;
+  o.http.threads = max_c + 8;
+  o.enable_grpc = false;
+  auto server_or = InferenceServer::Start(std::move(o));
+  if (!server_or.ok()) {
+    std::fprintf(stderr, "error: %s\n", server_or.status().ToString().c_str());
+    return 1;
+  }
+  std::unique_ptr<InferenceServer> server = std::move(server_or).value();
+  const int port = server->http_port();
+
+  std::vector<int> tree_widths;
+  for (size_t p = 0, q; p < tree.size(); p = q + 1) {
+    q = tree.find(',', p);
+    if (q == std::string::npos) q = tree.size();
+    tree_widths.push_back(std::stoi(tree.substr(p, q - p)));
+  }
+  const auto& texts = workload == "edit" ? kEditTexts : kOpenTexts;
+  auto body = [&](int i, bool speculate) {
+    const std::string& t = texts[i % texts.size()];
+    json b = {{"messages",
+               {{{"role", "user"},
+                 {"content", workload == "edit" ? "Repeat this text exactly: " + t : t}}}},
+              {"max_tokens", max_tokens},
+              {"temperature", 0},
+              {"stream", true},
+              {"stream_options", {{"include_usage", true}}}};
+    if (speculate)
+      b["speculation"] = {{"enabled", true}, {"draft", {draft}}, {"tree", tree_widths}};
+    return b;
+  };
+
+  std::printf("model %s, %d threads, workload %s, %d tokens per request, draft %s tree %s\n",
+              model.c_str(), threads, workload.c_str(), max_tokens, draft.c_str(), tree.c_str());
+  std::printf("%-5s %-11s %8s %9s %9s %9s %9s %9s %9s %9s\n", "conc", "speculation", "req/s",
+              "tok/s", "TTFT p50", "p90", "p99", "TPOT p50", "p90", "p99");
+  RunOne(port, body(0, false));  // warm-up (page the weights in)
+  std::map<int, std::string> text_off;  // request index -> text without speculation
+  bool mismatch = false, failed = false;
+  for (int c : concurrency) {
+    const int n = std::max(requests, c);
+    double tok_s_off = 0;
+    for (bool speculate : {false, true}) {
+      std::vector<Sample> samples(n);
+      std::atomic<int> next{0};
+      const auto t0 = Clock::now();
+      std::vector<std::thread> clients;
+      for (int k = 0; k < c; ++k) {
+        clients.emplace_back([&] {
+          for (int i; (i = next.fetch_add(1)) < n;) samples[i] = RunOne(port, body(i, speculate));
+        });
+      }
+      for (std::thread& t : clients) t.join();
+      const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+      std::vector<double> ttft, tpot;
+      int64_t tokens = 0;
+      for (int i = 0; i < n; ++i) {
+        const Sample& s = samples[i];
+        if (!s.ok) {
+          failed = true;
+          continue;
+        }
+        ttft.push_back(s.ttft * 1e3);
+        tpot.push_back(s.tpot * 1e3);
+        tokens += s.tokens;
+        const int key = i % static_cast<int>(texts.size());
+        if (!speculate) text_off[key] = s.text;
+        else if (text_off.count(key) && text_off[key] != s.text) mismatch = true;
+      }
+      const double tok_s = tokens / wall;
+      if (!speculate) tok_s_off = tok_s;
+      std::printf("%-5d %-11s %8.2f %9.1f %9.1f %9.1f %9.1f %9.2f %9.2f %9.2f", c,
+                  speculate ? "on" : "off", n / wall, tok_s, Percentile(ttft, 0.5),
+                  Percentile(ttft, 0.9), Percentile(ttft, 0.99), Percentile(tpot, 0.5),
+                  Percentile(tpot, 0.9), Percentile(tpot, 0.99));
+      if (speculate && tok_s_off > 0) std::printf("   (%.2fx tok/s)", tok_s / tok_s_off);
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+  }
+  std::printf("times in ms; TTFT from sending the request; TPOT per request after its first "
+              "token\n");
+  if (failed) std::printf("FAILED: some requests did not complete\n");
+  if (mismatch) std::printf("MISMATCH: speculative text differs from plain text\n");
+  server->Shutdown();
+  return failed || mismatch ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace specinfer
+
+int main(int argc, char** argv) { return specinfer::Main(argc, argv); }
