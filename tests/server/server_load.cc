@@ -11,6 +11,7 @@
 // request, per-token latency between streamed chunks). Exit status 0 when every check holds.
 //
 //   server_load --model M [--tokenizer T] [--clients 64] [--max-tokens 48] [--threads 1]
+//               [--max-batch 16]
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -96,13 +97,15 @@ double MetricValue(const std::string& text, const std::string& name) {
 int Run(int argc, char** argv) {
   CLI::App app{"Load test of the serving daemon: concurrent streaming clients on loopback"};
   std::string model, tokenizer;
-  int clients = 64, max_tokens = 48, threads = 1, disconnect_every = 4;
+  int clients = 64, max_tokens = 48, threads = 1, disconnect_every = 4, max_batch = 16;
   app.add_option("-m,--model", model, "Model file")->required();
   app.add_option("--tokenizer", tokenizer, "Tokenizer file (llama2.c)");
   app.add_option("--clients", clients, "Concurrent streaming clients")->check(CLI::Range(1, 1024));
   app.add_option("--max-tokens", max_tokens, "Tokens per request (about)")
       ->check(CLI::Range(1, 4096));
   app.add_option("--threads", threads, "Engine threads")->check(CLI::Range(0, 256));
+  app.add_option("--max-batch", max_batch, "Sequences run at once (continuous batching)")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--disconnect-every", disconnect_every,
                  "Every k-th client hangs up early (0: none)")
       ->check(CLI::Range(0, 1024));
@@ -116,6 +119,7 @@ int Run(int argc, char** argv) {
   o.http.port = 0;
   o.enable_grpc = false;
   o.scheduler.max_queue = clients;
+  o.scheduler.batch.max_sequences = max_batch;
   auto server_or = InferenceServer::Start(o);
   if (!server_or.ok()) {
     std::fprintf(stderr, "error: %s\n", server_or.status().ToString().c_str());
