@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "server/text_output.h"
@@ -298,6 +299,31 @@ ApiError ParseSpeculation(const json& body, SpeculationRequest* out) {
   return {};
 }
 
+// Fields a request may carry: OpenAI's own for the endpoint (implemented, ignored as harmless —
+// user, metadata, store, service_tier, parallel_tool_calls, tool_choice — or refused when used,
+// see RejectUnsupported) plus this server's extensions (top_k, ignore_eos, speculation). Anything
+// else is refused as the OpenAI API does ("Unrecognized request argument supplied"), so a
+// misspelt parameter never silently falls back to its default.
+ApiError RejectUnknownFields(const json& body, OpenAiEndpoint endpoint) {
+  static const std::set<std::string, std::less<>> kCommon = {
+      "model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop",
+      "seed", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "user",
+      "metadata", "store", "service_tier",
+      // extensions
+      "top_k", "ignore_eos", "speculation"};
+  static const std::set<std::string, std::less<>> kCompletions = {"prompt", "echo", "suffix",
+                                                                  "best_of"};
+  static const std::set<std::string, std::less<>> kChat = {
+      "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions",
+      "function_call", "parallel_tool_calls", "response_format"};
+  const auto& own = endpoint == OpenAiEndpoint::kChat ? kChat : kCompletions;
+  for (const auto& [key, value] : body.items()) {
+    if (kCommon.count(key) || own.count(key)) continue;
+    return ApiError::Invalid("Unrecognized request argument supplied: " + key, key);
+  }
+  return {};
+}
+
 // Known OpenAI features this server does not implement: refused when actually used.
 ApiError RejectUnsupported(const json& body, OpenAiEndpoint endpoint, int32_t n) {
   for (const char* key : {"presence_penalty", "frequency_penalty"}) {
@@ -372,6 +398,7 @@ ApiError ParseOpenAiRequest(OpenAiEndpoint endpoint, std::string_view body,
     return ApiError::Invalid(std::string("request body is not valid JSON: ") + e.what());
   }
   if (!j.is_object()) return ApiError::Invalid("request body must be a JSON object");
+  if (ApiError e = RejectUnknownFields(j, endpoint); !e.ok()) return e;
 
   if (ApiError e = GetString(j, "model", &out->model); !e.ok()) return e;
   if (out->chat) {

@@ -2,8 +2,9 @@
 // parsed into CompletionRequest, and responses, stream chunks and errors rendered as JSON text.
 // No transport here (server/http_server.cc serves it), so all of it is testable directly.
 //
-// Parsing follows OpenAI's behaviour: unknown fields are ignored, null means "absent", and a known
-// field of the wrong type is an error (400, with `param` naming it). Known features this server
+// Parsing follows OpenAI's behaviour: a field the endpoint does not know is an error (400,
+// "Unrecognized request argument supplied: NAME"), null means "absent", and a known field of the
+// wrong type is an error (400, with `param` naming it). Known features this server
 // does not implement are refused rather than silently ignored when a request actually uses them:
 // echo, suffix, best_of other than n, logit_bias, non-zero presence/frequency penalties, tools,
 // function calls, non-text content parts, response_format other than text.

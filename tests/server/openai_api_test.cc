@@ -36,7 +36,7 @@ TEST(OpenAiParse, CompletionFields) {
   ApiError e = ParseCompletion(
       R"({"model":"m","prompt":"Hello","max_tokens":7,"temperature":0.5,"top_p":0.9,"top_k":40,
           "n":2,"seed":42,"stop":["a","b"],"stream":true,"stream_options":{"include_usage":true},
-          "logprobs":3,"user":"ignored","some_future_field":{"x":[1,2]}})",
+          "logprobs":3,"user":"ignored","metadata":{"x":"y"}})",
       &r);
   ASSERT_TRUE(e.ok()) << e.message;
   EXPECT_EQ(r.model, "m");
@@ -55,6 +55,33 @@ TEST(OpenAiParse, CompletionFields) {
   EXPECT_EQ(r.logprobs, 3);
   EXPECT_FALSE(r.chat);
   EXPECT_EQ(r.default_max_tokens, 16);  // OpenAI's completions default
+}
+
+// As the OpenAI API does: a field the endpoint does not know is refused, naming it, so a typo
+// ("max_token", "temprature") never silently runs with the default.
+TEST(OpenAiParse, UnknownFieldsAreRefusedByName) {
+  CompletionRequest r;
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"prompt":"x","max_token":5})", "max_token"},
+      {R"({"prompt":"x","temprature":0})", "temprature"},
+      {R"({"prompt":"x","some_future_field":{"x":[1,2]}})", "some_future_field"},
+      {R"({"prompt":"x","messages":[]})", "messages"}};
+  for (const auto& [body, param] : cases) {
+    ApiError e = ParseCompletion(body, &r);
+    ExpectBadRequest(e, param, body);
+    EXPECT_NE(e.message.find(std::string("Unrecognized request argument supplied: ") + param),
+              std::string::npos)
+        << e.message;
+  }
+  // Chat-only fields are unknown to completions and the other way round.
+  ExpectBadRequest(ParseChat(R"({"messages":[{"role":"user","content":"hi"}],"echo":true})"),
+                   "echo", "chat with echo");
+  ExpectBadRequest(ParseCompletion(R"({"prompt":"x","top_logprobs":2})", &r), "top_logprobs",
+                   "completion with top_logprobs");
+  // Known OpenAI fields that change nothing here are accepted.
+  EXPECT_TRUE(ParseChat(R"({"messages":[{"role":"user","content":"hi"}],"user":"u",
+                            "store":false,"tool_choice":"none","parallel_tool_calls":true})")
+                  .ok());
 }
 
 TEST(OpenAiParse, DefaultsAndNulls) {
@@ -247,7 +274,7 @@ TEST(OpenAiParse, MalformedBodies) {
   ExpectBadRequest(deep, "", "deep nesting");
   EXPECT_NE(deep.message.find("nests deeper"), std::string::npos);
   std::string ok_depth =
-      "{\"prompt\":\"x\",\"extra\":" + std::string(60, '[') + std::string(60, ']') + "}";
+      "{\"prompt\":\"x\",\"metadata\":" + std::string(60, '[') + std::string(60, ']') + "}";
   EXPECT_TRUE(ParseCompletion(ok_depth).ok());
   // Brackets inside strings do not count.
   EXPECT_TRUE(ParseCompletion("{\"prompt\":\"" + std::string(1000, '[') + "\"}").ok());
