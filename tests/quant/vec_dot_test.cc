@@ -277,5 +277,47 @@ TEST(VecDotMulti, EachRowIsBitIdenticalToVecDot) {
   }
 }
 
+// vec_dot_rows (several weight rows per activation read, for decode steps) must give each row
+// exactly what vec_dot gives it, or incremental decoding and tree passes would disagree.
+TEST(VecDotRows, EachRowIsBitIdenticalToVecDot) {
+  std::mt19937 rng(12);
+  int checked = 0;
+  for (DType t : testing::SupportedWeightTypes()) {
+    for (cpu::KernelIsa isa : testing::AvailableIsas()) {
+      const cpu::TypeOps* ops = cpu::GetTypeOpsForIsa(t, isa);
+      if (ops == nullptr || ops->vec_dot_rows == nullptr) continue;
+      SCOPED_TRACE(std::string(DTypeName(t)) + " " + testing::IsaName(isa));
+      for (int64_t n : Lengths(t)) {
+        const size_t w_row_bytes = RowBytes(t, n);
+        std::vector<uint8_t> w;
+        for (int r = 0; r < cpu::kMaxMultiDot; ++r) {
+          const std::vector<uint8_t> row = testing::RandomRow(t, n, rng);
+          w.insert(w.end(), row.begin(), row.end());
+        }
+        const std::vector<float> x = testing::RandomActivations(n, rng);
+        std::vector<uint8_t> xq(RowBytes(ops->vec_dot_type, n));
+        if (ops->from_float == nullptr)
+          std::memcpy(xq.data(), x.data(), xq.size());
+        else
+          ops->from_float(x.data(), xq.data(), n);
+        for (int count = 1; count <= cpu::kMaxMultiDot; ++count) {
+          float out[cpu::kMaxMultiDot];
+          ops->vec_dot_rows(n, w.data(), w_row_bytes, xq.data(), count, out);
+          for (int r = 0; r < count; ++r) {
+            const float want = ops->vec_dot(n, w.data() + r * w_row_bytes, xq.data());
+            EXPECT_EQ(std::memcmp(&want, &out[r], sizeof(float)), 0)
+                << "n=" << n << " count=" << count << " row " << r << ": " << out[r]
+                << " vs " << want;
+          }
+        }
+      }
+      ++checked;
+    }
+  }
+  if (cpu::GetCpuFeatures().use_avx2_kernels) {
+    EXPECT_GT(checked, 0) << "no type has a multi-weight-row kernel";
+  }
+}
+
 }  // namespace
 }  // namespace specinfer

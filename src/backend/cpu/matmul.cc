@@ -74,6 +74,7 @@ void MatMulShared(std::span<const MatMulTarget> targets, const float* x, int64_t
   }
   auto vec_dot = ops->vec_dot;
   auto vec_dot_multi = ops->vec_dot_multi;
+  auto vec_dot_rows = ops->vec_dot_rows;
   const size_t w_row_bytes = RowBytes(w0.type, cols);
   // At least ~64K multiply-adds per chunk: below that, waking another thread costs more than
   // it saves (a chunk count of 1 runs inline).
@@ -106,7 +107,13 @@ void MatMulShared(std::span<const MatMulTarget> targets, const float* x, int64_t
       for (; t < n; ++t) {
         const uint8_t* xa = act + t * act_row_bytes;
         float* yt = targets[ti].y + t * rows;
-        for (int64_t r = r0; r < r1; ++r) yt[r] = vec_dot(cols, wdata + r * w_row_bytes, xa);
+        int64_t r = r0;
+        if (vec_dot_rows != nullptr) {
+          // Several weight rows per activation read (each result as vec_dot's, bit for bit).
+          for (; r + 1 < r1; r += 2)
+            vec_dot_rows(cols, wdata + r * w_row_bytes, w_row_bytes, xa, 2, &yt[r]);
+        }
+        for (; r < r1; ++r) yt[r] = vec_dot(cols, wdata + r * w_row_bytes, xa);
       }
     }
   }, grain);

@@ -105,6 +105,10 @@ SPECINFER_QUANT_ROUTINES
 // VecDotQ4_1Q8_1 for `count` (1..4) activation rows at once (TypeOps::vec_dot_multi).
 void VecDotQ4_1Q8_1Multi(int64_t n, const void* w, const void* x, size_t x_stride, int count,
                          float* out);
+// VecDotQ4_1Q8_1 of `count` consecutive weight rows (w + r * w_stride bytes) with one activation
+// row (TypeOps::vec_dot_rows).
+void VecDotQ4_1Q8_1Rows(int64_t n, const void* w, size_t w_stride, const void* x, int count,
+                        float* out);
 // VecDotF32 likewise.
 void VecDotF32Multi(int64_t n, const void* w, const void* x, size_t x_stride, int count,
                     float* out);

@@ -524,6 +524,87 @@ SI_AVX2_INLINE void DotQ4_1Rows(int64_t n, const BlockQ4_1* a, const uint8_t* x,
   }
 }
 
+// VecDotQ4_1Q8_1 of R weight rows (w + r * w_stride bytes) with one activation row: the
+// decode-step dual of DotQ4_1Rows. Per pair of blocks the activations are loaded and regrouped
+// and their fp16 fields converted once for all R rows; each row then runs the single-row
+// sequence of operations (same products, same accumulators, same order), so each result is
+// bit-identical to VecDotQ4_1Q8_1's. R is at most 2 for the same register budget.
+template <int R>
+SI_AVX2_INLINE void PairQ4_1WeightRows(const uint8_t* w, size_t w_stride, const BlockQ8_1* b,
+                                       int64_t i, __m256 (&acc)[R], __m128 (&ms)[R]) {
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  uint32_t x0, x1;
+  std::memcpy(&x0, &b[i].d, 4);
+  std::memcpy(&x1, &b[i + 1].d, 4);
+  const __m128 hx = _mm_cvtph_ps(_mm_set_epi32(0, 0, static_cast<int>(x1), static_cast<int>(x0)));
+  const __m256i y0 = Load32(b[i].qs), y1 = Load32(b[i + 1].qs);
+  const __m256i ylo = _mm256_permute2x128_si256(y0, y1, 0x20);
+  const __m256i yhi = _mm256_permute2x128_si256(y0, y1, 0x31);
+#pragma GCC unroll 2
+  for (int r = 0; r < R; ++r) {
+    const BlockQ4_1* a = reinterpret_cast<const BlockQ4_1*>(w + r * w_stride) + i;
+    uint32_t w0, w1;
+    std::memcpy(&w0, &a[0].d, 4);
+    std::memcpy(&w1, &a[1].d, 4);
+    const __m128 hw =
+        _mm_cvtph_ps(_mm_set_epi32(0, 0, static_cast<int>(w1), static_cast<int>(w0)));
+    const __m128 p = _mm_mul_ps(hw, hx);
+    ms[r] = _mm_add_ps(ms[r], p);
+    const __m256 d = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(p),
+                                              _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));
+    const __m256i q = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(a[1].qs),
+                                          reinterpret_cast<const __m128i*>(a[0].qs));
+    const __m256i lo = _mm256_and_si256(q, mask);
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
+    const __m256i p16 =
+        _mm256_add_epi16(_mm256_maddubs_epi16(lo, ylo), _mm256_maddubs_epi16(hi, yhi));
+    const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+    acc[r] = _mm256_fmadd_ps(d, f, acc[r]);
+  }
+}
+
+template <int R>
+SI_AVX2_INLINE void DotQ4_1WeightRows(int64_t n, const uint8_t* w, size_t w_stride,
+                                      const BlockQ8_1* b, float* out) {
+  const int64_t nb = n / kQK;
+  __m256 acc0[R], acc1[R];
+  __m128 ms0[R], ms1[R];
+#pragma GCC unroll 2
+  for (int r = 0; r < R; ++r) {
+    acc0[r] = _mm256_setzero_ps();
+    acc1[r] = _mm256_setzero_ps();
+    ms0[r] = _mm_setzero_ps();
+    ms1[r] = _mm_setzero_ps();
+  }
+  int64_t i = 0;
+  for (; i + 4 <= nb; i += 4) {
+    PairQ4_1WeightRows<R>(w, w_stride, b, i, acc0, ms0);
+    PairQ4_1WeightRows<R>(w, w_stride, b, i + 2, acc1, ms1);
+  }
+  if (i + 2 <= nb) {
+    PairQ4_1WeightRows<R>(w, w_stride, b, i, acc0, ms0);
+    i += 2;
+  }
+#pragma GCC unroll 2
+  for (int r = 0; r < R; ++r) {
+    const BlockQ4_1* a = reinterpret_cast<const BlockQ4_1*>(w + r * w_stride);
+    float summs = 0.0f;
+    if (i < nb) StepQ4_1(a[i], b[i], acc1[r], summs);
+    __m128 ms = _mm_add_ps(ms0[r], ms1[r]);
+    ms = _mm_add_ps(ms, _mm_movehl_ps(ms, ms));
+    out[r] = Hsum(_mm256_add_ps(acc0[r], acc1[r])) + (_mm_cvtss_f32(_mm_movehdup_ps(ms)) + summs);
+  }
+}
+
+SI_AVX2 void VecDotQ4_1Q8_1Rows(int64_t n, const void* w, size_t w_stride, const void* x,
+                                int count, float* out) {
+  const uint8_t* wb = static_cast<const uint8_t*>(w);
+  const BlockQ8_1* b = static_cast<const BlockQ8_1*>(x);
+  for (; count >= 2; count -= 2, wb += 2 * w_stride, out += 2)
+    DotQ4_1WeightRows<2>(n, wb, w_stride, b, out);
+  if (count == 1) out[0] = VecDotQ4_1Q8_1(n, wb, x);
+}
+
 SI_AVX2 void VecDotQ4_1Q8_1Multi(int64_t n, const void* w, const void* x, size_t x_stride,
                                  int count, float* out) {
   const BlockQ4_1* a = static_cast<const BlockQ4_1*>(w);

@@ -92,6 +92,7 @@ const Table& Avx2Table() {
   static const Table table = [] {
     Table t = SPECINFER_FILL_TABLE(avx2);
     t.ops[static_cast<size_t>(DType::kQ4_1)].vec_dot_multi = avx2::VecDotQ4_1Q8_1Multi;
+    t.ops[static_cast<size_t>(DType::kQ4_1)].vec_dot_rows = avx2::VecDotQ4_1Q8_1Rows;
     t.ops[static_cast<size_t>(DType::kF32)].vec_dot_multi = avx2::VecDotF32Multi;
     return t;
   }();

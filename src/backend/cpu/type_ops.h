@@ -29,6 +29,12 @@ struct TypeOps {
   // decoding; nullptr where only vec_dot exists.
   void (*vec_dot_multi)(int64_t n, const void* w, const void* x, size_t x_stride, int count,
                         float* out) = nullptr;
+  // Optional: the dual, for decode steps: `count` (1..kMaxMultiDot) consecutive weight rows
+  // w + r * w_stride bytes dotted with one activation row x, into out[r]; each result
+  // bit-identical to vec_dot's. Loading and regrouping the activations once for several rows
+  // saves work when a single token streams through the weights; nullptr where absent.
+  void (*vec_dot_rows)(int64_t n, const void* w, size_t w_stride, const void* x, int count,
+                       float* out) = nullptr;
 };
 
 inline constexpr int kMaxMultiDot = 4;
