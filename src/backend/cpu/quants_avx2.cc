@@ -18,11 +18,14 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <utility>
 
 #include "tensor/half.h"
 
 #define SI_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define SI_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
+// For lambdas passed to the inline skeletons (a lambda does not inherit its function's target).
+#define SI_AVX2_LAMBDA __attribute__((target("avx2,fma,f16c"), always_inline))
 
 namespace specinfer::cpu::avx2 {
 
@@ -491,37 +494,56 @@ SI_AVX2_INLINE void PairQ4_1Rows(const BlockQ4_1* a, const uint8_t* x, size_t st
   }
 }
 
-template <int T>
-SI_AVX2_INLINE void DotQ4_1Rows(int64_t n, const BlockQ4_1* a, const uint8_t* x, size_t stride,
-                                float* out) {
-  const int64_t nb = n / kQK;
-  __m256 acc0[T], acc1[T];
-  __m128 ms0[T], ms1[T];
+// The accumulation order every Q4_1 dot product follows, for R results at once: pairs of blocks
+// alternate between two accumulators (pair(i, acc, ms) adds blocks i and i + 1 into each
+// result's acc[r] and ms[r]), an odd last block goes to the second, then the sums are reduced.
+// blocks(r) gives result r's (weight row, activation row) for the odd last block. Sharing this
+// one skeleton is what keeps the multi-row kernels bit-identical to VecDotQ4_1Q8_1.
+template <int R, typename PairFn, typename BlocksFn>
+SI_AVX2_INLINE void DotQ4_1Skeleton(int64_t nb, PairFn pair, BlocksFn blocks, float* out) {
+  __m256 acc0[R], acc1[R];
+  __m128 ms0[R], ms1[R];
 #pragma GCC unroll 2
-  for (int t = 0; t < T; ++t) {
-    acc0[t] = _mm256_setzero_ps();
-    acc1[t] = _mm256_setzero_ps();
-    ms0[t] = _mm_setzero_ps();
-    ms1[t] = _mm_setzero_ps();
+  for (int r = 0; r < R; ++r) {
+    acc0[r] = _mm256_setzero_ps();
+    acc1[r] = _mm256_setzero_ps();
+    ms0[r] = _mm_setzero_ps();
+    ms1[r] = _mm_setzero_ps();
   }
   int64_t i = 0;
   for (; i + 4 <= nb; i += 4) {
-    PairQ4_1Rows<T>(a, x, stride, i, acc0, ms0);
-    PairQ4_1Rows<T>(a, x, stride, i + 2, acc1, ms1);
+    pair(i, acc0, ms0);
+    pair(i + 2, acc1, ms1);
   }
   if (i + 2 <= nb) {
-    PairQ4_1Rows<T>(a, x, stride, i, acc0, ms0);
+    pair(i, acc0, ms0);
     i += 2;
   }
 #pragma GCC unroll 2
-  for (int t = 0; t < T; ++t) {
-    const BlockQ8_1* b = reinterpret_cast<const BlockQ8_1*>(x + t * stride);
+  for (int r = 0; r < R; ++r) {
     float summs = 0.0f;
-    if (i < nb) StepQ4_1(a[i], b[i], acc1[t], summs);
-    __m128 ms = _mm_add_ps(ms0[t], ms1[t]);
+    if (i < nb) {
+      const auto [a, b] = blocks(r);
+      StepQ4_1(a[i], b[i], acc1[r], summs);
+    }
+    __m128 ms = _mm_add_ps(ms0[r], ms1[r]);
     ms = _mm_add_ps(ms, _mm_movehl_ps(ms, ms));
-    out[t] = Hsum(_mm256_add_ps(acc0[t], acc1[t])) + (_mm_cvtss_f32(_mm_movehdup_ps(ms)) + summs);
+    out[r] = Hsum(_mm256_add_ps(acc0[r], acc1[r])) + (_mm_cvtss_f32(_mm_movehdup_ps(ms)) + summs);
   }
+}
+
+template <int T>
+SI_AVX2_INLINE void DotQ4_1Rows(int64_t n, const BlockQ4_1* a, const uint8_t* x, size_t stride,
+                                float* out) {
+  DotQ4_1Skeleton<T>(
+      n / kQK,
+      [&](int64_t i, __m256 (&acc)[T], __m128 (&ms)[T]) SI_AVX2_LAMBDA {
+        PairQ4_1Rows<T>(a, x, stride, i, acc, ms);
+      },
+      [&](int r) SI_AVX2_LAMBDA {
+        return std::pair(a, reinterpret_cast<const BlockQ8_1*>(x + r * stride));
+      },
+      out);
 }
 
 // VecDotQ4_1Q8_1 of R weight rows (w + r * w_stride bytes) with one activation row: the
@@ -566,34 +588,15 @@ SI_AVX2_INLINE void PairQ4_1WeightRows(const uint8_t* w, size_t w_stride, const 
 template <int R>
 SI_AVX2_INLINE void DotQ4_1WeightRows(int64_t n, const uint8_t* w, size_t w_stride,
                                       const BlockQ8_1* b, float* out) {
-  const int64_t nb = n / kQK;
-  __m256 acc0[R], acc1[R];
-  __m128 ms0[R], ms1[R];
-#pragma GCC unroll 2
-  for (int r = 0; r < R; ++r) {
-    acc0[r] = _mm256_setzero_ps();
-    acc1[r] = _mm256_setzero_ps();
-    ms0[r] = _mm_setzero_ps();
-    ms1[r] = _mm_setzero_ps();
-  }
-  int64_t i = 0;
-  for (; i + 4 <= nb; i += 4) {
-    PairQ4_1WeightRows<R>(w, w_stride, b, i, acc0, ms0);
-    PairQ4_1WeightRows<R>(w, w_stride, b, i + 2, acc1, ms1);
-  }
-  if (i + 2 <= nb) {
-    PairQ4_1WeightRows<R>(w, w_stride, b, i, acc0, ms0);
-    i += 2;
-  }
-#pragma GCC unroll 2
-  for (int r = 0; r < R; ++r) {
-    const BlockQ4_1* a = reinterpret_cast<const BlockQ4_1*>(w + r * w_stride);
-    float summs = 0.0f;
-    if (i < nb) StepQ4_1(a[i], b[i], acc1[r], summs);
-    __m128 ms = _mm_add_ps(ms0[r], ms1[r]);
-    ms = _mm_add_ps(ms, _mm_movehl_ps(ms, ms));
-    out[r] = Hsum(_mm256_add_ps(acc0[r], acc1[r])) + (_mm_cvtss_f32(_mm_movehdup_ps(ms)) + summs);
-  }
+  DotQ4_1Skeleton<R>(
+      n / kQK,
+      [&](int64_t i, __m256 (&acc)[R], __m128 (&ms)[R]) SI_AVX2_LAMBDA {
+        PairQ4_1WeightRows<R>(w, w_stride, b, i, acc, ms);
+      },
+      [&](int r) SI_AVX2_LAMBDA {
+        return std::pair(reinterpret_cast<const BlockQ4_1*>(w + r * w_stride), b);
+      },
+      out);
 }
 
 SI_AVX2 void VecDotQ4_1Q8_1Rows(int64_t n, const void* w, size_t w_stride, const void* x,
