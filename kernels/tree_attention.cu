@@ -13,15 +13,36 @@ constexpr int kTile = kTreeAttnTileKv;                        // 32: one key per
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kTile == 32, "a lane owns one key of a tile");
 
-__device__ __forceinline__ bool Visible(const TreeAttentionRequest& rq,
-                                        const uint64_t* __restrict__ mask_words, int32_t i,
-                                        int32_t pos) {
-  if (pos < rq.kv_prefix) return true;
-  const int32_t j = pos - rq.kv_prefix;
-  if (rq.mask_begin < 0) return j <= i;
-  const uint64_t w =
-      mask_words[rq.mask_begin + static_cast<int64_t>(i) * rq.mask_words_per_row + j / 64];
-  return (w >> (j % 64)) & 1u;
+// Window entries row i sees: the set bits of its mask row (causal: i + 1).
+__device__ __forceinline__ int32_t VisibleWindow(const TreeAttentionRequest& rq,
+                                                 const uint64_t* __restrict__ mask_words,
+                                                 int32_t i) {
+  if (rq.mask_begin < 0) return i + 1;
+  const uint64_t* row =
+      mask_words + rq.mask_begin + static_cast<int64_t>(i) * rq.mask_words_per_row;
+  int32_t n = 0;
+  for (int32_t w = 0; w < rq.mask_words_per_row; ++w) n += __popcll(row[w]);
+  return n;
+}
+
+// Window index of the n-th (from 0) window entry row i sees.
+__device__ __forceinline__ int32_t WindowEntry(const TreeAttentionRequest& rq,
+                                               const uint64_t* __restrict__ mask_words, int32_t i,
+                                               int32_t n) {
+  if (rq.mask_begin < 0) return n;
+  const uint64_t* row =
+      mask_words + rq.mask_begin + static_cast<int64_t>(i) * rq.mask_words_per_row;
+  for (int32_t w = 0; w < rq.mask_words_per_row; ++w) {
+    uint64_t word = row[w];
+    const int32_t pc = __popcll(word);
+    if (n >= pc) {
+      n -= pc;
+      continue;
+    }
+    for (; n > 0; --n) word &= word - 1;  // drop the n lowest set bits
+    return w * 64 + __ffsll(static_cast<long long>(word)) - 1;
+  }
+  return 0;  // unreachable for n < VisibleWindow(rq, mask_words, i)
 }
 
 template <int kDMax>
@@ -65,7 +86,6 @@ __global__ void __launch_bounds__(kWarps * 32) TreeAttentionKernel(const TreeAtt
   // This warp's rows.
   int32_t tok[kRowsPerWarp];  // token index within the request, -1: no row
   float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kDPerLane];
-  int32_t last_tok = 0;
 #pragma unroll
   for (int j = 0; j < kRowsPerWarp; ++j) {
     const int32_t row = wi.row_begin + warp * kRowsPerWarp + j;
@@ -75,15 +95,28 @@ __global__ void __launch_bounds__(kWarps * 32) TreeAttentionKernel(const TreeAtt
 #pragma unroll
     for (int e = 0; e < kDPerLane; ++e) acc[j][e] = 0.0f;
   }
-  {
-    const int32_t last_row = min(wi.row_begin + kTreeAttnRowsPerBlock, total_rows) - 1;
-    last_tok = last_row / group;
+
+  // A row's keys, in order, are its "virtual" sequence: positions 0..kv_prefix-1, then the
+  // window entries its mask shows, compacted. Tiles and chunks are cut in that sequence and every
+  // key updates the running max, sum and output on its own, in order, so a row's result depends
+  // only on the keys it sees: a tree node gives bit for bit what decoding its path one token at
+  // a time gives, and a request what it gives in any batch.
+  int32_t vlen[kRowsPerWarp];
+  int32_t warp_max = 0;
+#pragma unroll
+  for (int j = 0; j < kRowsPerWarp; ++j) {
+    vlen[j] = 0;
+    if (tok[j] >= 0) vlen[j] = rq.kv_prefix + VisibleWindow(rq, p.mask_words, tok[j]);
+    warp_max = max(warp_max, vlen[j]);
   }
+  __shared__ int32_t block_max[kWarps];
+  if (lane == 0) block_max[warp] = warp_max;
+  __syncthreads();
+  int32_t max_vlen = 0;
+  for (int w = 0; w < kWarps; ++w) max_vlen = max(max_vlen, block_max[w]);
 
   const int32_t c0 = wi.chunk * p.kv_chunk;
-  int32_t c1 = min(rq.kv_len, c0 + p.kv_chunk);
-  // Causal rows never see past their own position.
-  if (rq.mask_begin < 0) c1 = min(c1, rq.kv_prefix + rq.masked_kv + last_tok + 1);
+  const int32_t c1 = min(max_vlen, c0 + p.kv_chunk);
   const int32_t* table = p.block_tables + rq.block_table_begin;
   // 16-byte K/V loads when every head row is a whole number of them (and so 16-byte aligned:
   // the caches' base addresses are).
@@ -91,92 +124,124 @@ __global__ void __launch_bounds__(kWarps * 32) TreeAttentionKernel(const TreeAtt
   const bool vec_loads =
       hd % kVec == 0 &&
       (reinterpret_cast<uintptr_t>(kc) | reinterpret_cast<uintptr_t>(vc)) % 16 == 0;
+  auto slot_of = [&](int32_t pos) {
+    return static_cast<int64_t>(table[pos / p.block_size]) * p.block_size + pos % p.block_size;
+  };
+  const float* qw = q_s + warp * kRowsPerWarp * kDMax;
 
   for (int32_t k0 = c0; k0 < c1; k0 += kTile) {
-    __syncthreads();  // the previous tile (and the queries) are no longer being read
+    // Tiles wholly inside the committed prefix are the same keys for every row: staged in shared
+    // memory once; so are a causal request's (its rows' keys are positions 0, 1, ... too).
+    // Other tiles reach into a tree's window and are read per row from global memory.
+    const bool shared_tile = rq.mask_begin < 0 || k0 + kTile <= rq.kv_prefix;
     const int32_t tile_len = min(kTile, c1 - k0);
-    if (vec_loads) {
-      // 16-byte loads: kVec consecutive elements of one key's head per thread.
-      const int vec_per_row = hd / kVec;
-      for (int idx = threadIdx.x; idx < kTile * vec_per_row; idx += blockDim.x) {
-        const int kk = idx / vec_per_row, d0 = (idx % vec_per_row) * kVec;
-        uint4 kraw = make_uint4(0, 0, 0, 0), vraw = make_uint4(0, 0, 0, 0);
-        if (kk < tile_len) {
-          const int32_t pos = k0 + kk;
-          const int64_t slot =
-              static_cast<int64_t>(table[pos / p.block_size]) * p.block_size + pos % p.block_size;
-          const int64_t off = (slot * p.kv_heads + kvh) * hd + d0;
-          kraw = *reinterpret_cast<const uint4*>(kc + off);
-          vraw = *reinterpret_cast<const uint4*>(vc + off);
-        }
-        const T* ke = reinterpret_cast<const T*>(&kraw);
-        const T* ve = reinterpret_cast<const T*>(&vraw);
+    if (shared_tile) {
+      __syncthreads();  // the previous shared tile is no longer being read
+      if (vec_loads) {
+        // 16-byte loads: kVec consecutive elements of one key's head per thread.
+        const int vec_per_row = hd / kVec;
+        for (int idx = threadIdx.x; idx < kTile * vec_per_row; idx += blockDim.x) {
+          const int kk = idx / vec_per_row, d0 = (idx % vec_per_row) * kVec;
+          uint4 kraw = make_uint4(0, 0, 0, 0), vraw = make_uint4(0, 0, 0, 0);
+          if (kk < tile_len) {
+            const int64_t off = (slot_of(k0 + kk) * p.kv_heads + kvh) * hd + d0;
+            kraw = *reinterpret_cast<const uint4*>(kc + off);
+            vraw = *reinterpret_cast<const uint4*>(vc + off);
+          }
+          const T* ke = reinterpret_cast<const T*>(&kraw);
+          const T* ve = reinterpret_cast<const T*>(&vraw);
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) {
-          k_s[kk * (kDMax + 1) + d0 + e] = ToFloat(ke[e]);
-          v_s[kk * kDMax + d0 + e] = ToFloat(ve[e]);
+          for (int e = 0; e < kVec; ++e) {
+            k_s[kk * (kDMax + 1) + d0 + e] = ToFloat(ke[e]);
+            v_s[kk * kDMax + d0 + e] = ToFloat(ve[e]);
+          }
+        }
+      } else {
+        for (int idx = threadIdx.x; idx < kTile * hd; idx += blockDim.x) {
+          const int kk = idx / hd, d = idx % hd;
+          float kv = 0.0f, vv = 0.0f;
+          if (kk < tile_len) {
+            const int64_t off = (slot_of(k0 + kk) * p.kv_heads + kvh) * hd + d;
+            kv = ToFloat(kc[off]);
+            vv = ToFloat(vc[off]);
+          }
+          k_s[kk * (kDMax + 1) + d] = kv;
+          v_s[kk * kDMax + d] = vv;
         }
       }
-    } else {
-      for (int idx = threadIdx.x; idx < kTile * hd; idx += blockDim.x) {
-        const int kk = idx / hd, d = idx % hd;
-        float kv = 0.0f, vv = 0.0f;
-        if (kk < tile_len) {
-          const int32_t pos = k0 + kk;
-          const int64_t slot =
-              static_cast<int64_t>(table[pos / p.block_size]) * p.block_size + pos % p.block_size;
-          const int64_t off = (slot * p.kv_heads + kvh) * hd + d;
-          kv = ToFloat(kc[off]);
-          vv = ToFloat(vc[off]);
-        }
-        k_s[kk * (kDMax + 1) + d] = kv;
-        v_s[kk * kDMax + d] = vv;
-      }
+      __syncthreads();
     }
-    __syncthreads();
 
-    const int32_t pos = k0 + lane;
-    bool vis[kRowsPerWarp];
+    // Lane l owns key k0 + l of each of the warp's rows: its slot and its score.
+    const int32_t v = k0 + lane;
+    int64_t slot[kRowsPerWarp];
+    float s[kRowsPerWarp];
+    unsigned vis[kRowsPerWarp];
     bool any = false;
 #pragma unroll
     for (int j = 0; j < kRowsPerWarp; ++j) {
-      vis[j] = tok[j] >= 0 && lane < tile_len && Visible(rq, p.mask_words, tok[j], pos);
-      any |= vis[j];
+      const bool mine = lane < tile_len && v < vlen[j];
+      slot[j] = 0;
+      s[j] = 0.0f;
+      if (mine && !shared_tile) {
+        const int32_t pos = v < rq.kv_prefix ? v
+                                             : rq.kv_prefix + WindowEntry(rq, p.mask_words, tok[j],
+                                                                          v - rq.kv_prefix);
+        slot[j] = slot_of(pos);
+      }
+      vis[j] = __ballot_sync(0xffffffffu, mine);
+      any |= vis[j] != 0;
     }
-    if (!__any_sync(0xffffffffu, any)) continue;  // warp-uniform
+    if (!any) continue;  // warp-uniform
 
-    float s[kRowsPerWarp];
+    if (shared_tile) {
+      const float* krow = k_s + lane * (kDMax + 1);
+      for (int d = 0; d < hd; ++d) {
+        const float kd = krow[d];
 #pragma unroll
-    for (int j = 0; j < kRowsPerWarp; ++j) s[j] = 0.0f;
-    const float* krow = k_s + lane * (kDMax + 1);
-    const float* qw = q_s + warp * kRowsPerWarp * kDMax;
-    for (int d = 0; d < hd; ++d) {
-      const float kd = krow[d];
+        for (int j = 0; j < kRowsPerWarp; ++j) s[j] = fmaf(qw[j * kDMax + d], kd, s[j]);
+      }
+    } else {
 #pragma unroll
-      for (int j = 0; j < kRowsPerWarp; ++j) s[j] = fmaf(qw[j * kDMax + d], kd, s[j]);
+      for (int j = 0; j < kRowsPerWarp; ++j) {
+        if (!((vis[j] >> lane) & 1u)) continue;
+        const T* krow = kc + (slot[j] * p.kv_heads + kvh) * hd;
+        float acc_s = 0.0f;
+        for (int d = 0; d < hd; ++d) acc_s = fmaf(qw[j * kDMax + d], ToFloat(krow[d]), acc_s);
+        s[j] = acc_s;
+      }
     }
-    float pr[kRowsPerWarp];
+
+    // Keys in order: running max m, sum l and output acc (rescaled when the max grows).
 #pragma unroll
     for (int j = 0; j < kRowsPerWarp; ++j) {
-      const float sj = vis[j] ? s[j] : -INFINITY;
-      const float new_m = fmaxf(m[j], WarpMax(sj));
-      // new_m == -inf: nothing visible yet; everything stays zero.
-      pr[j] = sj == -INFINITY ? 0.0f : exp2f(sj - new_m);
-      const float corr = m[j] == -INFINITY ? 0.0f : exp2f(m[j] - new_m);
-      l[j] = l[j] * corr + WarpSum(pr[j]);
-      m[j] = new_m;
+      for (unsigned bits = vis[j]; bits != 0; bits &= bits - 1) {
+        const int kk = __ffs(bits) - 1;
+        const float sk = __shfl_sync(0xffffffffu, s[j], kk);
+        if (sk > m[j]) {
+          const float corr = m[j] == -INFINITY ? 0.0f : exp2f(m[j] - sk);
+          m[j] = sk;
+          l[j] *= corr;
 #pragma unroll
-      for (int e = 0; e < kDPerLane; ++e) acc[j][e] *= corr;
-    }
-    for (int kk = 0; kk < tile_len; ++kk) {
-      float pk[kRowsPerWarp];
+          for (int e = 0; e < kDPerLane; ++e) acc[j][e] *= corr;
+        }
+        const float pk = exp2f(sk - m[j]);
+        l[j] += pk;
+        if (shared_tile) {
 #pragma unroll
-      for (int j = 0; j < kRowsPerWarp; ++j) pk[j] = __shfl_sync(0xffffffffu, pr[j], kk);
+          for (int e = 0; e < kDPerLane; ++e) {
+            const int d = lane + 32 * e;
+            if (d < hd) acc[j][e] = fmaf(pk, v_s[kk * kDMax + d], acc[j][e]);
+          }
+        } else {
+          const int64_t sl = __shfl_sync(0xffffffffu, slot[j], kk);
+          const T* vrow = vc + (sl * p.kv_heads + kvh) * hd;
 #pragma unroll
-      for (int e = 0; e < kDPerLane; ++e) {
-        const float vd = v_s[kk * kDMax + lane + 32 * e];
-#pragma unroll
-        for (int j = 0; j < kRowsPerWarp; ++j) acc[j][e] = fmaf(pk[j], vd, acc[j][e]);
+          for (int e = 0; e < kDPerLane; ++e) {
+            const int d = lane + 32 * e;
+            if (d < hd) acc[j][e] = fmaf(pk, ToFloat(vrow[d]), acc[j][e]);
+          }
+        }
       }
     }
   }
@@ -242,7 +307,7 @@ __global__ void TreeAttentionMergeKernel(const TreeAttentionParams p) {
         const float mc = p.partial_ml[prow(c) * 2];
         if (mc != -INFINITY) v += p.partial_out[prow(c) * hd + d] * exp2f(mc - mx);
       }
-      v /= total;
+      v *= 1.0f / total;  // as the unsplit path: acc * (1 / l)
     }
     o[d] = FromFloat<OutT>(v);
   }

@@ -14,14 +14,20 @@
 //   [num_slots, kv_heads, head_dim] T; out [num_tokens, qo_heads, head_dim] OutT; T is float32,
 //   fp16 or bf16 and OutT float32 or T. All arithmetic in float32 with an online softmax
 //   (base-2 exponentials, scale * log2(e) folded into q).
+// Order: a row's keys form its "virtual" sequence: positions 0..kv_prefix-1, then the window
+//   entries its mask shows, compacted, in order. KV chunks and 32-key tiles are cut in that
+//   sequence and each key updates the row's running max, sum and output in turn (a rescale only
+//   when the max grows), so a row's result depends only on the keys it sees, in order: bit for
+//   bit the same in any batch, and for a tree node the same as decoding its root-to-node path one
+//   token at a time (what keeps speculative greedy output equal to incremental output).
 // Launch (flashinfer-style plan/run split): the host plan (backend/cuda/tree_attention_plan.h)
 //   cuts the work into items of (request, 16 consecutive (token, group-head) rows, KV chunk);
-//   the run launches grid (num_work, kv_heads) blocks of 128 threads (4 warps x 4 rows). Each
-//   block walks its chunk in tiles of 32 positions staged in shared memory as float32; a lane
-//   owns one key of the tile for the scores and head_dim / 32 output dimensions. Requests cut
-//   into several chunks (long contexts with little other work) write partial (max, sum, output)
-//   rows that a second kernel merges. K/V are read 16 bytes per thread when head_dim allows.
-//   head_dim <= 256.
+//   the run launches grid (num_work, kv_heads) blocks of 128 threads (4 warps x 4 rows). Tiles
+//   that hold the same keys for every row (inside the committed prefix, or any tile of a causal
+//   request) are staged in shared memory as float32 (16-byte loads when head_dim allows); tiles
+//   reaching into a tree's window are read per row from global memory. A lane owns one key of a
+//   tile for the scores and head_dim / 32 output dimensions. Requests cut into several chunks
+//   write partial (max, sum, output) rows that a second kernel merges. head_dim <= 256.
 // Tolerance against the CPU reference (float32 K/V): 2e-5 + 2e-5 |ref|; with fp16/bf16 inputs
 //   against an fp64 reference on the same rounded inputs: 1e-3 + 1e-3 |ref| (fp16), 1e-2 (bf16)
 //   when OutT is the 16-bit type (its rounding dominates), 2e-5 when OutT is float32.

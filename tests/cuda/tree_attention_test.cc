@@ -471,6 +471,58 @@ TEST(CudaTreeAttention, ChainTreeEqualsCausal) {
   }
 }
 
+// Every node of a tree gets bit for bit what it gets when its root-to-node path is decoded one
+// token at a time (the path's earlier nodes committed, the node alone with a causal mask): the
+// property that keeps speculative greedy output equal to incremental output. With and without
+// KV chunks (a fixed chunk of 64 puts chunk boundaries inside the path).
+TEST(CudaTreeAttention, TreeNodeEqualsItsPathDecodedOneByOne) {
+  for (AttnType type : {AttnType::kF32, AttnType::kF16}) {
+    for (int32_t prefix : {0, 45, 100, 300}) {
+      Problem p;
+      p.qo_heads = 8;
+      p.kv_heads = 2;
+      p.head_dim = 64;
+      p.type = type;
+      p.reqs = {{40, prefix, 0, Shape::kRandomTree}};
+      const RequestData tree = MakeAll(p, 21 + prefix)[0];
+      const size_t row = static_cast<size_t>(p.kv_heads) * p.head_dim;
+      const size_t qrow = static_cast<size_t>(p.qo_heads) * p.head_dim;
+      for (int32_t fixed : {0, 64}) {
+        const int64_t cap = fixed ? 1 << 20 : 0;
+        const Result whole = RunKernel(p, {tree}, 3, cap, fixed, true);
+        for (int32_t i = 0; i < 40; ++i) {
+          // The path: committed prefix, then the window entries node i sees (its ancestors and
+          // itself), in order.
+          RequestData path;
+          path.k.assign(tree.k.begin(), tree.k.begin() + prefix * row);
+          path.v.assign(tree.v.begin(), tree.v.begin() + prefix * row);
+          int32_t seen = 0;
+          for (int32_t j = 0; j < 40; ++j) {
+            if (!tree.mask.Get(i, j)) continue;
+            path.k.insert(path.k.end(), tree.k.begin() + (prefix + j) * row,
+                          tree.k.begin() + (prefix + j + 1) * row);
+            path.v.insert(path.v.end(), tree.v.begin() + (prefix + j) * row,
+                          tree.v.begin() + (prefix + j + 1) * row);
+            ++seen;
+          }
+          path.spec = {1, prefix + seen - 1, 0, Shape::kCausal};
+          path.mask = TreeMask::Causal(1);
+          path.q.assign(tree.q.begin() + i * qrow, tree.q.begin() + (i + 1) * qrow);
+          Problem one = p;
+          one.reqs = {path.spec};
+          const Result alone = RunKernel(one, {path}, 9 + i, cap, fixed, true);
+          const std::vector<float> node(whole.got.begin() + i * qrow,
+                                        whole.got.begin() + (i + 1) * qrow);
+          EXPECT_ALL_CLOSE(alone.got, node, 0.0, 0.0,
+                           "node " + std::to_string(i) + " prefix " + std::to_string(prefix) +
+                               " chunk " + std::to_string(fixed) + " type " +
+                               std::to_string(static_cast<int>(type)));
+        }
+      }
+    }
+  }
+}
+
 // Each request of a batch gets bit-identical results to running it alone (without splitting, or
 // with the runner's fixed chunk; pages laid out differently).
 TEST(CudaTreeAttention, BatchedEqualsOneRequest) {

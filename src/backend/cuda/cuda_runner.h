@@ -27,7 +27,10 @@
 // K-quants and Q5 types, sampling on the device inside Forward (logits are copied back; the
 // device sampling kernels are in kernels/sampling.cuh).
 // Numerics against the CPU backend (float32 weights and KV): products and attention differ only
-// in summation order (relative differences ~1e-6 on logits), RoPE tables are the CPU's.
+// in summation order (relative differences ~1e-6 on logits), RoPE tables are the CPU's. Within
+// the GPU, batch-invariant passes are bit-exact: a token's logits do not depend on its batch, and
+// a tree node's equal those of decoding its path token by token (kernels/linear.cuh,
+// kernels/tree_attention.cuh), so speculative greedy output equals incremental output.
 //
 // Thread safety: one Forward/MoveKv at a time (the engine's step loop), as the CPU runner.
 // This header has no CUDA types; it exists only in builds with SPECINFER_WITH_CUDA.
