@@ -5,10 +5,10 @@
 // memory) and x, y float32. beta == 0 does not read y.
 // Layout: W [rows, ElemRowBytes(type, cols)] bytes, row-major (256-byte aligned); x [n, cols];
 // y [n, rows].
-// Launch: 128 threads (4 warps) per block; a warp computes one output row r for a tile of up to 8
-// tokens (grid (ceil(rows / 4), ceil(n / tile))). Each lane sums a fixed, strided subset of the
-// columns with explicit fused multiply-adds, then a fixed butterfly of warp shuffles adds the 32
-// partial sums. The order of every addition depends only on `cols` and the type: a token's
+// Launch: 128 threads (4 warps) per block, grid ceil(rows / 4); a warp computes one output row r
+// for tiles of up to 8 tokens in turn (its weight row stays in cache across tiles). Each lane
+// sums a fixed, strided subset of the columns with explicit fused multiply-adds, then a fixed
+// butterfly of warp shuffles adds the 32 partial sums. The order of every addition depends only on `cols` and the type: a token's
 // outputs are bit-identical whatever n is and whichever tile it falls in (what token-tree
 // verification needs; cuBLAS promises no such thing).
 // Tolerance against an fp64 reference on the same (dequantised) weights: 1e-5 * sum_c |W x|
