@@ -45,15 +45,17 @@ __device__ int32_t BlockArgmax(const float* row, int32_t vocab, float* fscratch,
   return idx == INT_MAX ? 0 : idx;
 }
 
-__global__ void ArgmaxKernel(const float* __restrict__ logits, int32_t vocab, int32_t* out) {
+__global__ void __launch_bounds__(kThreads)
+    ArgmaxKernel(const float* __restrict__ logits, int32_t vocab, int32_t* out) {
   __shared__ float fs[kWarpsPerBlock];
   __shared__ int is[kWarpsPerBlock];
   const int32_t a = BlockArgmax(logits + static_cast<int64_t>(blockIdx.x) * vocab, vocab, fs, is);
   if (threadIdx.x == 0) out[blockIdx.x] = a;
 }
 
-__global__ void SamplingProbsKernel(const float* __restrict__ logits, int32_t vocab,
-                                    SamplingConfig cfg, float* __restrict__ probs) {
+__global__ void __launch_bounds__(kThreads)
+    SamplingProbsKernel(const float* __restrict__ logits, int32_t vocab, SamplingConfig cfg,
+                        float* __restrict__ probs) {
   __shared__ float fs[kWarpsPerBlock];
   __shared__ int is[kWarpsPerBlock];
   __shared__ double ds[kWarpsPerBlock];
