@@ -5,9 +5,10 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void RmsNormKernel(const float* __restrict__ x, const float* __restrict__ w,
-                              float* out, int n, float eps) {
-  const float* row = x + static_cast<size_t>(blockIdx.x) * n;
+__global__ void RmsNormKernel(const float* __restrict__ x, const int32_t* __restrict__ row_ids,
+                              const float* __restrict__ w, float* out, int n, float eps) {
+  const size_t src_row = row_ids ? static_cast<size_t>(row_ids[blockIdx.x]) : blockIdx.x;
+  const float* row = x + src_row * n;
   float* orow = out + static_cast<size_t>(blockIdx.x) * n;
   float ss = 0.0f;
   for (int i = threadIdx.x; i < n; i += blockDim.x) ss += row[i] * row[i];
@@ -30,7 +31,14 @@ __global__ void RmsNormKernel(const float* __restrict__ x, const float* __restri
 cudaError_t LaunchRmsNorm(const float* x, const float* w, float* out, int rows, int n, float eps,
                           cudaStream_t stream) {
   if (rows <= 0 || n <= 0) return cudaErrorInvalidValue;
-  RmsNormKernel<<<rows, kThreads, 0, stream>>>(x, w, out, n, eps);
+  RmsNormKernel<<<rows, kThreads, 0, stream>>>(x, nullptr, w, out, n, eps);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRmsNormRows(const float* x, const int32_t* row_ids, const float* w, float* out,
+                              int rows, int n, float eps, cudaStream_t stream) {
+  if (rows <= 0 || n <= 0 || row_ids == nullptr) return cudaErrorInvalidValue;
+  RmsNormKernel<<<rows, kThreads, 0, stream>>>(x, row_ids, w, out, n, eps);
   return cudaGetLastError();
 }
 

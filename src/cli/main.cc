@@ -30,6 +30,9 @@
 #include "cli/serve.h"
 #include "engine/chat_template.h"
 #include "engine/engine.h"
+#if defined(SPECINFER_WITH_CUDA)
+#include "backend/cuda/cuda_runner.h"
+#endif
 
 namespace specinfer {
 namespace {
@@ -61,6 +64,8 @@ void AddEngineOptions(CLI::App* cmd, EngineOptions& o) {
       ->check(CLI::Range(0, 1 << 24));
   cmd->add_flag("--dequantize", o.dequantize,
                 "Convert the weights to float32 at load (full precision; 4 bytes per weight)");
+  cmd->add_option("--backend", o.backend, "Where the model runs: cpu, or cuda (GPU 0)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
 }
 
 // --system and --prompt as a conversation.
@@ -201,6 +206,9 @@ int main(int argc, char** argv) {
   auto logger = spdlog::stderr_color_mt("specinfer");
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::warn);
+#if defined(SPECINFER_WITH_CUDA)
+  cuda::RegisterCudaBackend();  // EngineOptions::backend "cuda"
+#endif
 
   CLI::App app{"specinfer: LLM serving with tree-based speculative inference"};
   app.require_subcommand(1);

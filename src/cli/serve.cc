@@ -56,6 +56,8 @@ void AddServeOptions(CLI::App* cmd, ServeArgs& a) {
       ->capture_default_str();
   cmd->add_flag("--dequantize", a.engine.dequantize,
                 "Convert the weights to float32 at load (full precision; 4 bytes per weight)");
+  cmd->add_option("--backend", a.engine.backend, "Where the model runs: cpu, or cuda (GPU 0)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--http-threads", a.http_threads, "HTTP handler threads (0: max-queue + 16)")
       ->check(CLI::Range(0, 4096));
 }

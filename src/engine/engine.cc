@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
+#include <thread>
 
 #include "backend/cpu/cpu_runner.h"
 #include "common/thread_pool.h"
@@ -12,8 +14,12 @@
 
 namespace specinfer {
 
-
 namespace {
+
+std::map<std::string, RunnerFactory>& RunnerFactories() {
+  static std::map<std::string, RunnerFactory> factories;
+  return factories;
+}
 
 // The text of special token `id` as a template writes it (Jinja's bos_token / eos_token): its
 // vocabulary piece without surrounding whitespace (llama2.c stores BOS as "\n<s>\n"), provided
@@ -29,6 +35,10 @@ std::string SpecialTokenText(const Tokenizer& tok, int32_t id) {
 }
 
 }  // namespace
+
+void RegisterRunnerFactory(const std::string& backend, RunnerFactory factory) {
+  RunnerFactories()[backend] = std::move(factory);
+}
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   auto engine = std::unique_ptr<Engine>(new Engine());
@@ -58,12 +68,33 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   ro.num_threads = o.num_threads;
   ro.kv_block_size = o.kv_block_size;
   ro.num_kv_blocks = blocks_per_seq * o.max_sequences;
-  SI_ASSIGN_OR_RETURN(auto runner, CpuModelRunner::Create(engine->model_, ro));
-  spdlog::info("loaded {} ({}), {} MiB of weights, backend {} with {} threads",
-               o.model_path, c.ToString(), engine->model_->WeightBytes() >> 20, runner->name(),
-               runner->num_threads());
-  engine->pool_ = runner->pool();
-  engine->runner_ = std::move(runner);
+  if (o.backend == "cpu") {
+    SI_ASSIGN_OR_RETURN(auto runner, CpuModelRunner::Create(engine->model_, ro));
+    spdlog::info("loaded {} ({}), {} MiB of weights, backend {} with {} threads",
+                 o.model_path, c.ToString(), engine->model_->WeightBytes() >> 20, runner->name(),
+                 runner->num_threads());
+    engine->pool_ = runner->pool();
+    engine->runner_ = std::move(runner);
+  } else {
+    auto it = RunnerFactories().find(o.backend);
+    if (it == RunnerFactories().end()) {
+      return o.backend == "cuda"
+                 ? FailedPreconditionError("this build has no CUDA backend (rebuild where the "
+                                           "CUDA toolkit is installed)")
+                 : InvalidArgumentError("unknown backend '" + o.backend +
+                                        "' (expected cpu or cuda)");
+    }
+    RunnerFactoryOptions fo;
+    fo.num_kv_blocks = ro.num_kv_blocks;
+    fo.kv_block_size = ro.kv_block_size;
+    SI_ASSIGN_OR_RETURN(engine->runner_, it->second(engine->model_, fo));
+    spdlog::info("loaded {} ({}), {} MiB of weights, backend {}", o.model_path, c.ToString(),
+                 engine->model_->WeightBytes() >> 20, engine->runner_->name());
+    // Draft models run on the CPU, on threads of their own.
+    engine->pool_ = std::make_shared<ThreadPool>(
+        o.num_threads > 0 ? o.num_threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  }
   engine->max_sequences_ = o.max_sequences;
   engine->kv_block_size_ = o.kv_block_size;
   engine->kv_ = std::make_unique<KvCacheManager>(ro.num_kv_blocks, ro.kv_block_size);

@@ -33,7 +33,22 @@ struct EngineOptions {
   // Speculators to load at start (spec strings, see spec/speculator.h); ngram and layers ones
   // can also be created later by name, model ones only here.
   std::vector<std::string> drafts;
+  // Where the model runs: "cpu", or "cuda" (builds with the CUDA backend, which registers it;
+  // see RegisterRunnerFactory). Draft models always run on the CPU.
+  std::string backend = "cpu";
 };
+
+// Creating the runner of a backend other than the CPU's. A backend library registers its factory
+// (the CUDA one in cuda::RegisterCudaBackend, called by the programs built with it), so the
+// engine needs no backend headers.
+struct RunnerFactoryOptions {
+  int32_t num_kv_blocks = 0;
+  int32_t kv_block_size = 16;
+};
+using RunnerFactory = std::function<StatusOr<std::unique_ptr<ModelRunner>>(
+    std::shared_ptr<const Model> model, const RunnerFactoryOptions& options)>;
+// Thread safety: call before creating engines (at program start).
+void RegisterRunnerFactory(const std::string& backend, RunnerFactory factory);
 
 class Engine {
  public:

@@ -1,0 +1,68 @@
+#include "device_types.cuh"
+#include "elementwise.cuh"
+
+namespace specinfer::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned Blocks(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 4096 ? b : 4096);
+}
+
+__global__ void SwiGluKernel(float* gate, const float* __restrict__ up, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    const float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-g)));
+    gate[i] = __fmul_rn(__fmul_rn(g, sig), up[i]);
+  }
+}
+
+__global__ void AddBiasKernel(float* y, const float* __restrict__ b, int64_t total, int64_t dim) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = __fadd_rn(y[i], b[i % dim]);
+}
+
+template <typename T>
+__global__ void CastKernel(const float* __restrict__ in, T* __restrict__ out, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = FromFloat<T>(in[i]);
+}
+
+template <typename T>
+cudaError_t Cast(const float* in, T* out, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return cudaErrorInvalidValue;
+  CastKernel<T><<<Blocks(n), kThreads, 0, stream>>>(in, out, n);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchSwiGlu(float* gate, const float* up, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return cudaErrorInvalidValue;
+  SwiGluKernel<<<Blocks(n), kThreads, 0, stream>>>(gate, up, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAddBias(float* y, const float* b, int64_t rows, int64_t dim,
+                          cudaStream_t stream) {
+  if (rows <= 0 || dim <= 0) return cudaErrorInvalidValue;
+  AddBiasKernel<<<Blocks(rows * dim), kThreads, 0, stream>>>(y, b, rows * dim, dim);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCast(const float* in, __half* out, int64_t n, cudaStream_t stream) {
+  return Cast(in, out, n, stream);
+}
+cudaError_t LaunchCast(const float* in, __nv_bfloat16* out, int64_t n, cudaStream_t stream) {
+  return Cast(in, out, n, stream);
+}
+cudaError_t LaunchCast(const float* in, float* out, int64_t n, cudaStream_t stream) {
+  return Cast(in, out, n, stream);
+}
+
+}  // namespace specinfer::kernels

@@ -1,0 +1,36 @@
+// Logits post-processing on the GPU: greedy argmax and the sampling distribution.
+//
+// Argmax: out[r] = index of the largest logits[r, :] (the lowest index among equals), as
+//   specinfer::Argmax (NaNs are not supported).
+// SamplingProbs: probs[r, :] = the distribution specinfer::ComputeProbs (sampling/sampler.h)
+//   samples from: softmax of logits / temperature, then the top_k most likely tokens (ties by
+//   lower index), then the smallest prefix by descending probability whose mass reaches top_p of
+//   what top-k kept (ties at the cut by lower index), renormalised; 0 elsewhere; one-hot on the
+//   argmax when greedy (temperature <= 0 or top_k == 1). The kept set is found without sorting:
+//   the top-k and top-p thresholds are found by bisection over the float bit patterns of the
+//   probabilities (31 counting/summing passes each), then ties at a threshold are resolved in
+//   index order. Tolerance: probabilities within 1e-6 + 1e-5 relative of the CPU's (expf vs
+//   std::exp); the kept set is the CPU's except where a cumulative mass ties the top_p target to
+//   within double rounding.
+// Layout: logits, probs [rows, vocab] float32 row-major; out [rows].
+// Launch: one block of 1024 threads per row.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace specinfer::kernels {
+
+struct SamplingConfig {
+  float temperature = 1.0f;
+  int32_t top_k = 0;   // 0: no limit
+  float top_p = 1.0f;  // 1: no limit
+};
+
+cudaError_t LaunchArgmax(const float* logits, int32_t rows, int32_t vocab, int32_t* out,
+                         cudaStream_t stream);
+cudaError_t LaunchSamplingProbs(const float* logits, int32_t rows, int32_t vocab,
+                                SamplingConfig config, float* probs, cudaStream_t stream);
+
+}  // namespace specinfer::kernels

@@ -1,0 +1,100 @@
+// Tree attention on the GPU: one fused kernel for every new token of a batch of requests, each
+// token attending to its request's committed KV entries and to the subset of the request's
+// masked window (earlier tree entries + the new tokens) that its mask row allows: decode (one
+// token), causal prefill (a chain) and token-tree verification are the same kernel.
+//
+// Computes, for token t of request r, query head h and kv head kvh = h / (qo_heads / kv_heads):
+//   out[t, h, :] = sum_p softmax_p(scale * q[t, h, :] . K[p, kvh, :]) V[p, kvh, :]
+// over the visible logical positions p of r: every p < kv_prefix, and p = kv_prefix + j for the
+// window entries j (< masked_kv + token_count) whose bit is set in the token's mask row (bit j of
+// word j / 64; mask_begin < 0 means causal: j <= i for the i-th new token). A row that sees
+// nothing gets zeros. Logical position p lives in slot block_tables[p / block_size] * block_size
+// + p % block_size of the paged cache.
+// Layout: q [num_tokens, qo_heads, head_dim] T; k_cache, v_cache (one layer)
+//   [num_slots, kv_heads, head_dim] T; out [num_tokens, qo_heads, head_dim] OutT; T is float32,
+//   fp16 or bf16 and OutT float32 or T. All arithmetic in float32 with an online softmax
+//   (base-2 exponentials, scale * log2(e) folded into q).
+// Order: a row's keys form its "virtual" sequence: positions 0..kv_prefix-1, then the window
+//   entries its mask shows, compacted, in order. KV chunks and 32-key tiles are cut in that
+//   sequence and each key updates the row's running max, sum and output in turn (a rescale only
+//   when the max grows), so a row's result depends only on the keys it sees, in order: bit for
+//   bit the same in any batch, and for a tree node the same as decoding its root-to-node path one
+//   token at a time (what keeps speculative greedy output equal to incremental output).
+// Launch (flashinfer-style plan/run split): the host plan (backend/cuda/tree_attention_plan.h)
+//   cuts the work into items of (request, 16 consecutive (token, group-head) rows, KV chunk);
+//   the run launches grid (num_work, kv_heads) blocks of 128 threads (4 warps x 4 rows). Tiles
+//   that hold the same keys for every row (inside the committed prefix, or any tile of a causal
+//   request) are staged in shared memory as float32 (16-byte loads when head_dim allows); tiles
+//   reaching into a tree's window are read per row from global memory. A lane owns one key of a
+//   tile for the scores and head_dim / 32 output dimensions. Requests cut into several chunks
+//   write partial (max, sum, output) rows that a second kernel merges. head_dim <= 256.
+// Tolerance against the CPU reference (float32 K/V): 2e-5 + 2e-5 |ref|; with fp16/bf16 inputs
+//   against an fp64 reference on the same rounded inputs: 1e-3 + 1e-3 |ref| (fp16), 1e-2 (bf16)
+//   when OutT is the 16-bit type (its rounding dominates), 2e-5 when OutT is float32.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace specinfer::kernels {
+
+inline constexpr int kTreeAttnRowsPerBlock = 16;  // (token, group head) rows per work item
+inline constexpr int kTreeAttnTileKv = 32;        // KV positions per shared-memory tile
+inline constexpr int kTreeAttnMaxHeadDim = 256;
+
+enum class AttnType : int32_t { kF32, kF16, kBF16 };
+
+// One request of the batch (host-filled; num_chunks and partial_begin by the plan).
+struct TreeAttentionRequest {
+  int32_t token_begin = 0;        // its first token (row of q and out)
+  int32_t token_count = 0;        // its new tokens
+  int32_t kv_prefix = 0;          // committed entries every new token sees
+  int32_t masked_kv = 0;          // window entries before the new tokens (see backend.h)
+  int32_t block_table_begin = 0;  // index of its first block in block_tables
+  int32_t mask_words_per_row = 0;
+  int64_t mask_begin = -1;    // index of its row 0's first mask word; < 0: causal
+  int32_t num_chunks = 1;     // KV chunks it is cut into (plan); 1: written straight to out
+  int32_t kv_len = 0;         // kv_prefix + masked_kv + token_count (plan)
+  int64_t partial_begin = 0;  // first partial row (plan): row (chunk * token_count + i) *
+                              // qo_heads + h after it
+};
+
+// One block's work: rows [row_begin, row_begin + 16) of request `request`, row = i * group + g
+// (token i, query head kvh * group + g), over KV positions [chunk * kv_chunk, (chunk + 1) *
+// kv_chunk).
+struct TreeAttentionWorkItem {
+  int32_t request = 0;
+  int32_t row_begin = 0;
+  int32_t chunk = 0;
+};
+
+struct TreeAttentionParams {
+  const void* q = nullptr;        // [num_tokens, qo_heads, head_dim] T
+  const void* k_cache = nullptr;  // [slots, kv_heads, head_dim] T, one layer
+  const void* v_cache = nullptr;
+  void* out = nullptr;                             // [num_tokens, qo_heads, head_dim] OutT
+  const int32_t* block_tables = nullptr;           // device
+  const uint64_t* mask_words = nullptr;            // device
+  const TreeAttentionRequest* requests = nullptr;  // device [num_requests]
+  const TreeAttentionWorkItem* work = nullptr;     // device [num_work]
+  const int32_t* token_request = nullptr;          // device [num_tokens] (merge only)
+  float* partial_out = nullptr;  // [partial rows, head_dim] (when any request is split)
+  float* partial_ml = nullptr;   // [partial rows, 2]: running max (log2 units) and sum
+  int32_t num_tokens = 0;
+  int32_t num_work = 0;
+  int32_t qo_heads = 0;
+  int32_t kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t block_size = 0;
+  int32_t kv_chunk = 0;    // multiple of kTreeAttnTileKv
+  float scale = 0.0f;      // usually 1 / sqrt(head_dim)
+  bool any_split = false;  // some request has num_chunks > 1: run the merge
+};
+
+// Runs the attention (and the merge when any_split). in_type is T; out_float selects OutT =
+// float32 (else OutT = T).
+cudaError_t LaunchTreeAttention(const TreeAttentionParams& params, AttnType in_type, bool out_float,
+                                cudaStream_t stream);
+
+}  // namespace specinfer::kernels

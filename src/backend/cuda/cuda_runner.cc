@@ -1,0 +1,817 @@
+#include "backend/cuda/cuda_runner.h"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <unordered_set>
+
+#include "backend/cuda/cuda_device.h"
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/tree_attention_plan.h"
+#include "dequant.cuh"
+#include "elementwise.cuh"
+#include "engine/engine.h"
+#include "kv_cache.cuh"
+#include "linear.cuh"
+#include "random_fill.cuh"
+#include "rmsnorm.cuh"
+#include "rope.cuh"
+#include "tree_attention.cuh"
+
+namespace specinfer::cuda {
+
+namespace {
+
+using kernels::ElemType;
+
+constexpr int64_t kAlign = 256;
+int64_t AlignUp(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+StatusOr<ElemType> ToElemType(DType t, const std::string& what) {
+  switch (t) {
+    case DType::kF32:
+      return ElemType::kF32;
+    case DType::kF16:
+      return ElemType::kF16;
+    case DType::kBF16:
+      return ElemType::kBF16;
+    case DType::kQ8_0:
+      return ElemType::kQ8_0;
+    case DType::kQ4_0:
+      return ElemType::kQ4_0;
+    case DType::kQ4_1:
+      return ElemType::kQ4_1;
+    default:
+      return UnimplementedError("the CUDA backend cannot use " + std::string(DTypeName(t)) +
+                                " weights (" + what +
+                                "); supported: F32, F16, BF16, Q8_0, "
+                                "Q4_0, Q4_1");
+  }
+}
+
+struct DeviceMatrix {
+  ElemType type = ElemType::kF32;
+  int64_t rows = 0, cols = 0;
+  const void* data = nullptr;
+  int64_t bytes() const { return rows * kernels::ElemRowBytes(type, cols); }
+  bool quantized() const {
+    return type == ElemType::kQ8_0 || type == ElemType::kQ4_0 || type == ElemType::kQ4_1;
+  }
+};
+
+struct DeviceLayer {
+  const float* attn_norm = nullptr;
+  const float* ffn_norm = nullptr;
+  const float *bq = nullptr, *bk = nullptr, *bv = nullptr;
+  DeviceMatrix wq, wk, wv, wo, w_gate, w_down, w_up;
+};
+
+// Sub-allocations of one buffer, by offset.
+struct Arena {
+  int64_t size = 0;
+  int64_t Add(int64_t bytes) {
+    const int64_t off = size;
+    size += AlignUp(std::max<int64_t>(bytes, 1));
+    return off;
+  }
+};
+
+// A weight to place: from the host model (host != nullptr) or generated (random).
+struct MatrixSlot {
+  const void* host = nullptr;
+  DType type = DType::kF32;
+  int64_t rows = 0, cols = 0;
+  DeviceMatrix* target = nullptr;
+  int64_t offset = 0;
+  int64_t bytes = 0;
+  bool alias = false;  // same host data as an earlier slot (tied output): shares its memory
+};
+struct VectorSlot {
+  const float* host = nullptr;
+  int64_t size = 0;
+  float fill = 1.0f;  // random models: value around which gains are drawn
+  const float** target = nullptr;
+  int64_t offset = 0;
+};
+
+}  // namespace
+
+std::string CudaMemoryPlan::ToString() const {
+  return "weights " + MiB(weights) + ", KV cache " + MiB(kv_cache) + ", workspace " +
+         MiB(workspace) + " (total " + MiB(total()) + ")";
+}
+
+struct CudaModelRunner::Impl {
+  std::shared_ptr<const Model> model;
+  CudaRunnerOptions opt;
+  std::string device_name;
+  int num_sms = 0;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  CudaMemoryPlan plan;
+  DeviceBuffer weights_buf, kv_buf, ws_buf;
+
+  // Weights.
+  DeviceMatrix emb, output;
+  const float* final_norm = nullptr;
+  std::vector<DeviceLayer> layers;
+  int64_t max_quantized_elems = 0;  // largest quantised matrix (fp16 scratch for cuBLAS)
+
+  // RoPE tables: the CPU's values.
+  const float* rope_cos = nullptr;
+  const float* rope_sin = nullptr;
+  const float* inv_freq = nullptr;
+  int32_t rope_max_pos = 0;
+
+  // KV cache [layer][slot][kv_dim] for K and for V.
+  kernels::AttnType kv_type = kernels::AttnType::kF32;
+  int32_t kv_elem_bytes = 4;
+  int64_t kv_slots = 0;
+  uint8_t* k_cache = nullptr;
+  uint8_t* v_cache = nullptr;
+
+  // Workspace for up to N = max_batch_tokens tokens, L = logit rows per classifier pass.
+  int32_t logit_chunk = 0;
+  float *x = nullptr, *xb = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *att = nullptr;
+  float *gate = nullptr, *up = nullptr, *fin = nullptr, *logits = nullptr;
+  void* q_kv = nullptr;   // q in the KV type, [N, q_dim] (16-bit caches)
+  void* x16 = nullptr;    // activations in fp16/bf16 for cuBLAS, [N, max in-features]
+  __half* w16 = nullptr;  // a dequantised weight matrix for cuBLAS
+  float* partial_out = nullptr;
+  float* partial_ml = nullptr;
+  int64_t partial_rows = 0;
+  int32_t attn_chunk = 0;
+
+  // Per-pass metadata (device) and its pinned staging.
+  DeviceBuffer meta;
+  PinnedBuffer meta_host, logits_host;
+
+  ~Impl() {
+    if (cublas) cublasDestroy(cublas);
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  const ModelConfig& config() const { return model->config(); }
+  int64_t KvLayerBytes() const {
+    return kv_slots * config().kv_dim() * static_cast<int64_t>(kv_elem_bytes);
+  }
+
+  Status Init(const CudaRunnerOptions& o, bool random, DType random_type, uint64_t seed);
+  Status Matmul(const DeviceMatrix& w, const float* xin, int32_t n, float* y, float beta,
+                bool use_cublas);
+  Status RunPiece(const ForwardBatch& batch, const KvCacheManager& kv, int32_t g0, int32_t g1,
+                  std::span<float> logits_out);
+};
+
+namespace {
+
+Status CublasStatus(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return Status::Ok();
+  if (s == CUBLAS_STATUS_ALLOC_FAILED)
+    return ResourceExhaustedError(std::string(what) + ": cuBLAS could not allocate memory");
+  return InternalError(std::string(what) + ": cuBLAS error " + std::to_string(static_cast<int>(s)));
+}
+
+}  // namespace
+
+Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DType random_type,
+                                   uint64_t seed) {
+  opt = o;
+  const ModelConfig& c = config();
+  if (o.num_kv_blocks <= 0 || o.kv_block_size <= 0)
+    return InvalidArgumentError("KV cache needs a positive number and size of blocks");
+  if (o.max_batch_tokens <= 0) return InvalidArgumentError("max_batch_tokens must be positive");
+  if (c.head_dim > kernels::kTreeAttnMaxHeadDim)
+    return UnimplementedError("the CUDA backend supports head_dim <= 256");
+  if (DeviceCount() <= o.device || o.device < 0)
+    return FailedPreconditionError("no CUDA device " + std::to_string(o.device) + " (found " +
+                                   std::to_string(DeviceCount()) + ")");
+  SI_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(o.device), "cudaSetDevice"));
+  cudaDeviceProp prop;
+  SI_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceProperties(&prop, o.device), "device properties"));
+  device_name = prop.name;
+  num_sms = prop.multiProcessorCount;
+  SI_RETURN_IF_ERROR(
+      CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"));
+  SI_RETURN_IF_ERROR(CublasStatus(cublasCreate(&cublas), "cublasCreate"));
+  SI_RETURN_IF_ERROR(CublasStatus(cublasSetStream(cublas, stream), "cublasSetStream"));
+  // No TF32: float32 products keep float32 precision.
+  SI_RETURN_IF_ERROR(CublasStatus(cublasSetMathMode(cublas, CUBLAS_DEFAULT_MATH), "math mode"));
+
+  // --- weights: plan the arena ---
+  const ModelWeights& w = model->weights();
+  std::vector<MatrixSlot> mats;
+  std::vector<VectorSlot> vecs;
+  layers.resize(static_cast<size_t>(c.n_layers));
+  const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), hidden = c.hidden_dim;
+  auto add_matrix = [&](const WeightMatrix* hm, int64_t rows, int64_t cols, DeviceMatrix* t) {
+    MatrixSlot s;
+    s.rows = rows;
+    s.cols = cols;
+    s.target = t;
+    if (random) {
+      s.type = random_type;
+    } else {
+      s.host = hm->data;
+      s.type = hm->type;
+    }
+    mats.push_back(s);
+  };
+  if (!random) {
+    if (w.token_embedding.empty() || w.output.empty() || w.final_norm.data == nullptr ||
+        w.layers.size() != static_cast<size_t>(c.n_layers))
+      return InvalidArgumentError("model weights are incomplete");
+  }
+  add_matrix(&w.token_embedding, c.vocab_size, dim, &emb);
+  for (int32_t i = 0; i < c.n_layers; ++i) {
+    DeviceLayer& dl = layers[static_cast<size_t>(i)];
+    const LayerWeights* hl = random ? nullptr : &w.layers[static_cast<size_t>(i)];
+    if (hl) {
+      for (const WeightMatrix* m :
+           {&hl->wq, &hl->wk, &hl->wv, &hl->wo, &hl->w_gate, &hl->w_down, &hl->w_up})
+        if (m->empty()) return InvalidArgumentError("model is missing a layer weight");
+    }
+    add_matrix(hl ? &hl->wq : nullptr, q_dim, dim, &dl.wq);
+    add_matrix(hl ? &hl->wk : nullptr, kv_dim, dim, &dl.wk);
+    add_matrix(hl ? &hl->wv : nullptr, kv_dim, dim, &dl.wv);
+    add_matrix(hl ? &hl->wo : nullptr, dim, q_dim, &dl.wo);
+    add_matrix(hl ? &hl->w_gate : nullptr, hidden, dim, &dl.w_gate);
+    add_matrix(hl ? &hl->w_down : nullptr, dim, hidden, &dl.w_down);
+    add_matrix(hl ? &hl->w_up : nullptr, hidden, dim, &dl.w_up);
+    vecs.push_back({hl ? hl->attn_norm.data : nullptr, dim, 1.0f, &dl.attn_norm});
+    vecs.push_back({hl ? hl->ffn_norm.data : nullptr, dim, 1.0f, &dl.ffn_norm});
+    if (c.attention_bias) {
+      vecs.push_back({hl ? hl->bq.data : nullptr, q_dim, 0.0f, &dl.bq});
+      vecs.push_back({hl ? hl->bk.data : nullptr, kv_dim, 0.0f, &dl.bk});
+      vecs.push_back({hl ? hl->bv.data : nullptr, kv_dim, 0.0f, &dl.bv});
+    }
+  }
+  add_matrix(&w.output, c.vocab_size, dim, &output);
+  vecs.push_back({random ? nullptr : w.final_norm.data, dim, 1.0f, &final_norm});
+  if (random && c.tied_output) mats.back().alias = true;
+
+  Arena warena;
+  for (size_t i = 0; i < mats.size(); ++i) {
+    MatrixSlot& s = mats[i];
+    SI_ASSIGN_OR_RETURN(ElemType et, ToElemType(s.type, "weight matrix " + std::to_string(i)));
+    if (s.type != DType::kF32 && s.type != DType::kF16 && s.type != DType::kBF16 &&
+        s.cols % kernels::kQuantBlock != 0)
+      return InvalidArgumentError("quantised matrix with a row length not a multiple of 32");
+    s.target->type = et;
+    s.target->rows = s.rows;
+    s.target->cols = s.cols;
+    s.bytes = s.target->bytes();
+    if (!random && s.host) {
+      for (size_t j = 0; j < i; ++j)
+        if (mats[j].host == s.host && mats[j].type == s.type && mats[j].bytes == s.bytes) {
+          s.alias = true;
+          s.offset = mats[j].offset;
+          break;
+        }
+    }
+    if (s.alias && random) s.offset = mats[0].offset;  // tied output = embedding
+    if (!s.alias) s.offset = warena.Add(s.bytes);
+    if (s.target->quantized()) max_quantized_elems = std::max(max_quantized_elems, s.rows * s.cols);
+  }
+  for (VectorSlot& v : vecs) {
+    if (!random && v.host == nullptr) return InvalidArgumentError("model is missing a norm/bias");
+    v.offset = warena.Add(v.size * 4);
+  }
+  const std::vector<float> inv = RopeInvFrequencies(c);
+  const int32_t half = c.head_dim / 2;
+  rope_max_pos = std::min(c.max_seq_len, 1 << 16);
+  const int64_t rope_cos_off = warena.Add(int64_t{4} * rope_max_pos * half);
+  const int64_t rope_sin_off = warena.Add(int64_t{4} * rope_max_pos * half);
+  const int64_t inv_off = warena.Add(int64_t{4} * half);
+  plan.weights = warena.size;
+
+  // --- KV cache ---
+  KvCacheType kt = o.kv_type;
+  if (kt == KvCacheType::kAuto) {
+    bool all_f32 = true;
+    for (const MatrixSlot& s : mats) all_f32 &= s.type == DType::kF32;
+    kt = all_f32 ? KvCacheType::kF32 : KvCacheType::kF16;
+  }
+  kv_type = kt == KvCacheType::kF32   ? kernels::AttnType::kF32
+            : kt == KvCacheType::kF16 ? kernels::AttnType::kF16
+                                      : kernels::AttnType::kBF16;
+  kv_elem_bytes = kt == KvCacheType::kF32 ? 4 : 2;
+  kv_slots = static_cast<int64_t>(o.num_kv_blocks) * o.kv_block_size;
+  plan.kv_cache = 2 * c.n_layers * KvLayerBytes();
+
+  // --- workspace ---
+  const int64_t n = o.max_batch_tokens;
+  logit_chunk = std::min<int32_t>(o.max_batch_tokens, 128);
+  const int64_t max_in = std::max({dim, q_dim, hidden});
+  Arena wsa;
+  const int64_t x_off = wsa.Add(4 * n * dim);
+  const int64_t xb_off = wsa.Add(4 * n * std::max(dim, q_dim));
+  const int64_t q_off = wsa.Add(4 * n * q_dim);
+  const int64_t k_off = wsa.Add(4 * n * kv_dim);
+  const int64_t v_off = wsa.Add(4 * n * kv_dim);
+  const int64_t att_off = wsa.Add(4 * n * q_dim);
+  const int64_t gate_off = wsa.Add(4 * n * hidden);
+  const int64_t up_off = wsa.Add(4 * n * hidden);
+  const int64_t fin_off = wsa.Add(4 * int64_t{logit_chunk} * dim);
+  const int64_t logits_off = wsa.Add(4 * int64_t{logit_chunk} * c.vocab_size);
+  const int64_t qkv_off = kv_elem_bytes == 2 ? wsa.Add(2 * n * q_dim) : -1;
+  const bool cublas_on = o.cublas_min_tokens > 0 && o.cublas_min_tokens <= o.max_batch_tokens;
+  const int64_t x16_off = cublas_on ? wsa.Add(2 * n * max_in) : -1;
+  const int64_t w16_off =
+      cublas_on && max_quantized_elems > 0 ? wsa.Add(2 * max_quantized_elems) : -1;
+  // Attention chunks: fixed, so that a token's attention is the same in every batch.
+  const int64_t max_kv =
+      std::min<int64_t>(kv_slots, int64_t{c.max_seq_len} + 512 + o.kv_block_size);
+  attn_chunk = o.attention_chunk > 0
+                   ? o.attention_chunk
+                   : static_cast<int32_t>(std::max<int64_t>(512, (max_kv + 15) / 16));
+  attn_chunk = (attn_chunk + kernels::kTreeAttnTileKv - 1) / kernels::kTreeAttnTileKv *
+               kernels::kTreeAttnTileKv;
+  const int64_t max_chunks = (max_kv + attn_chunk - 1) / attn_chunk;
+  partial_rows = max_chunks > 1 ? n * c.n_heads * max_chunks : 0;
+  const int64_t po_off = partial_rows > 0 ? wsa.Add(4 * partial_rows * c.head_dim) : -1;
+  const int64_t pml_off = partial_rows > 0 ? wsa.Add(8 * partial_rows) : -1;
+  plan.workspace = wsa.size;
+
+  // --- allocate everything up front ---
+  size_t free_bytes = 0, total_bytes = 0;
+  SI_RETURN_IF_ERROR(CudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
+  if (plan.total() > static_cast<int64_t>(free_bytes))
+    return ResourceExhaustedError("the model needs " + plan.ToString() + " of GPU memory; " +
+                                  device_name + " has " + MiB(static_cast<int64_t>(free_bytes)) +
+                                  " free (fewer KV blocks or a smaller max_batch_tokens may fit)");
+  SI_RETURN_IF_ERROR(weights_buf.Allocate(plan.weights, "weights (" + plan.ToString() + ")"));
+  SI_RETURN_IF_ERROR(kv_buf.Allocate(plan.kv_cache, "the KV cache (" + plan.ToString() + ")"));
+  SI_RETURN_IF_ERROR(ws_buf.Allocate(plan.workspace, "the workspace (" + plan.ToString() + ")"));
+
+  uint8_t* wb = weights_buf.get<uint8_t>();
+  for (size_t i = 0; i < mats.size(); ++i) {
+    MatrixSlot& s = mats[i];
+    s.target->data = wb + s.offset;
+    if (s.alias) continue;
+    if (random) {
+      const float scale = 0.02f * std::sqrt(3.0f);  // uniform with standard deviation 0.02
+      cudaError_t err =
+          s.type == DType::kF16
+              ? kernels::LaunchRandomFill(reinterpret_cast<__half*>(wb + s.offset), s.rows * s.cols,
+                                          seed + i, 0.0f, scale, stream)
+              : kernels::LaunchRandomFill(reinterpret_cast<float*>(wb + s.offset), s.rows * s.cols,
+                                          seed + i, 0.0f, scale, stream);
+      SI_RETURN_IF_ERROR(CudaStatus(err, "random weights"));
+    } else {
+      SI_RETURN_IF_ERROR(CudaStatus(
+          cudaMemcpy(wb + s.offset, s.host, static_cast<size_t>(s.bytes), cudaMemcpyHostToDevice),
+          "weight upload"));
+    }
+  }
+  for (size_t i = 0; i < vecs.size(); ++i) {
+    const VectorSlot& v = vecs[i];
+    float* dst = reinterpret_cast<float*>(wb + v.offset);
+    *v.target = dst;
+    if (random) {
+      SI_RETURN_IF_ERROR(
+          CudaStatus(kernels::LaunchRandomFill(dst, v.size, seed + 7919 + i, v.fill, 0.05f, stream),
+                     "random norms"));
+    } else {
+      SI_RETURN_IF_ERROR(CudaStatus(
+          cudaMemcpy(dst, v.host, static_cast<size_t>(v.size) * 4, cudaMemcpyHostToDevice),
+          "norm upload"));
+    }
+  }
+  {
+    // Exactly cpu::RopeTable's values (float angle, std::cos/std::sin in float).
+    std::vector<float> cs(static_cast<size_t>(rope_max_pos) * half), sn(cs.size());
+    for (int32_t p = 0; p < rope_max_pos; ++p)
+      for (int32_t i = 0; i < half; ++i) {
+        const float angle = static_cast<float>(p) * inv[static_cast<size_t>(i)];
+        cs[static_cast<size_t>(p) * half + i] = std::cos(angle);
+        sn[static_cast<size_t>(p) * half + i] = std::sin(angle);
+      }
+    SI_RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpy(wb + rope_cos_off, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice),
+                   "rope upload"));
+    SI_RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpy(wb + rope_sin_off, sn.data(), sn.size() * 4, cudaMemcpyHostToDevice),
+                   "rope upload"));
+    SI_RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpy(wb + inv_off, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice),
+                   "rope upload"));
+    rope_cos = reinterpret_cast<const float*>(wb + rope_cos_off);
+    rope_sin = reinterpret_cast<const float*>(wb + rope_sin_off);
+    inv_freq = reinterpret_cast<const float*>(wb + inv_off);
+  }
+
+  k_cache = kv_buf.get<uint8_t>();
+  v_cache = k_cache + c.n_layers * KvLayerBytes();
+  // Zeroed so that reading a never-written slot (a bug) gives zeros, not NaNs.
+  SI_RETURN_IF_ERROR(
+      CudaStatus(cudaMemsetAsync(kv_buf.get(), 0, plan.kv_cache, stream), "KV clear"));
+
+  uint8_t* ws = ws_buf.get<uint8_t>();
+  auto f = [&](int64_t off) { return reinterpret_cast<float*>(ws + off); };
+  x = f(x_off);
+  xb = f(xb_off);
+  q = f(q_off);
+  k = f(k_off);
+  v = f(v_off);
+  att = f(att_off);
+  gate = f(gate_off);
+  up = f(up_off);
+  fin = f(fin_off);
+  logits = f(logits_off);
+  q_kv = qkv_off >= 0 ? ws + qkv_off : nullptr;
+  x16 = x16_off >= 0 ? ws + x16_off : nullptr;
+  w16 = w16_off >= 0 ? reinterpret_cast<__half*>(ws + w16_off) : nullptr;
+  partial_out = po_off >= 0 ? f(po_off) : nullptr;
+  partial_ml = pml_off >= 0 ? f(pml_off) : nullptr;
+
+  // Metadata for a typical pass; grows if a pass needs more.
+  SI_RETURN_IF_ERROR(meta.Reserve(int64_t{64} << 10, "pass metadata"));
+  SI_RETURN_IF_ERROR(meta_host.Reserve(int64_t{64} << 10, "pass metadata"));
+  SI_RETURN_IF_ERROR(
+      logits_host.Reserve(4 * int64_t{logit_chunk} * c.vocab_size, "logits staging"));
+  return CudaStatus(cudaStreamSynchronize(stream), "model upload");
+}
+
+Status CudaModelRunner::Impl::Matmul(const DeviceMatrix& w, const float* xin, int32_t n, float* y,
+                                     float beta, bool use_cublas) {
+  if (!use_cublas || x16 == nullptr) {
+    return CudaStatus(
+        kernels::LaunchLinear(w.type, w.data, w.rows, w.cols, xin, n, y, beta, stream),
+        "linear kernel");
+  }
+  const float alpha = 1.0f;
+  const int m = static_cast<int>(w.rows), kk = static_cast<int>(w.cols);
+  if (w.type == ElemType::kF32) {
+    return CublasStatus(cublasSgemm(cublas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, kk, &alpha,
+                                    static_cast<const float*>(w.data), kk, xin, kk, &beta, y, m),
+                        "cublasSgemm");
+  }
+  const void* wptr = w.data;
+  cudaDataType_t dt = CUDA_R_16F;
+  if (w.type == ElemType::kBF16) {
+    dt = CUDA_R_16BF;
+    SI_RETURN_IF_ERROR(CudaStatus(
+        kernels::LaunchCast(xin, static_cast<__nv_bfloat16*>(x16), int64_t{n} * kk, stream),
+        "cast"));
+  } else {
+    SI_RETURN_IF_ERROR(CudaStatus(
+        kernels::LaunchCast(xin, static_cast<__half*>(x16), int64_t{n} * kk, stream), "cast"));
+    if (w.quantized()) {
+      if (w16 == nullptr) return InternalError("no dequantisation workspace");
+      SI_RETURN_IF_ERROR(CudaStatus(kernels::LaunchDequantizeRows(w.type, w.data, w.rows, w.cols,
+                                                                  nullptr, w.rows, w16, stream),
+                                    "dequantise"));
+      wptr = w16;
+    }
+  }
+  return CublasStatus(
+      cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, kk, &alpha, wptr, dt, kk, x16, dt, kk,
+                   &beta, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "cublasGemmEx");
+}
+
+namespace {
+
+// Appends `count` values of T to a byte blob at a 16-byte aligned offset; returns the offset.
+template <typename T>
+int64_t Append(std::vector<uint8_t>& blob, const T* data, size_t count) {
+  const int64_t off = static_cast<int64_t>((blob.size() + 15) / 16 * 16);
+  blob.resize(static_cast<size_t>(off) + count * sizeof(T));
+  if (count) std::memcpy(blob.data() + off, data, count * sizeof(T));
+  return off;
+}
+
+}  // namespace
+
+Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch, const KvCacheManager& kv,
+                                       int32_t g0, int32_t g1, std::span<float> logits_out) {
+  const ModelConfig& c = config();
+  const int32_t np = g1 - g0;
+  const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), hidden = c.hidden_dim;
+  const int32_t bs = opt.kv_block_size;
+
+  // --- host metadata ---
+  std::vector<int64_t> slots(static_cast<size_t>(np));
+  std::vector<kernels::TreeAttentionRequest> reqs;
+  std::vector<int32_t> tables;
+  std::vector<uint64_t> masks;
+  for (const BatchSequence& s : batch.seqs) {
+    const int32_t b = std::max(g0, s.token_begin), e = std::min(g1, s.token_begin + s.token_count);
+    if (b >= e) continue;
+    const int32_t row0 = b - s.token_begin, rows = e - b;
+    kernels::TreeAttentionRequest r;
+    r.token_begin = b - g0;
+    r.token_count = rows;
+    if (s.mask == nullptr) {
+      // Causal: the rows before this piece are committed entries for it.
+      r.kv_prefix = s.kv_prefix + row0;
+      r.masked_kv = 0;
+      r.mask_begin = -1;
+    } else {
+      r.kv_prefix = s.kv_prefix;
+      r.masked_kv = s.masked_kv + row0;
+      r.mask_words_per_row = s.mask->words_per_row;
+      r.mask_begin = static_cast<int64_t>(masks.size());
+      const auto first = s.mask->bits.begin() + static_cast<int64_t>(row0) * s.mask->words_per_row;
+      masks.insert(masks.end(), first, first + static_cast<int64_t>(rows) * s.mask->words_per_row);
+    }
+    const int32_t kv_len = r.kv_prefix + r.masked_kv + rows;
+    std::span<const int32_t> table = kv.BlockTable(s.seq);
+    const int32_t nblocks = (kv_len + bs - 1) / bs;
+    r.block_table_begin = static_cast<int32_t>(tables.size());
+    tables.insert(tables.end(), table.begin(), table.begin() + nblocks);
+    for (int32_t i = 0; i < rows; ++i)
+      slots[static_cast<size_t>(b - g0 + i)] =
+          kv.SlotOf(s.seq, s.kv_prefix + s.masked_kv + row0 + i);
+    reqs.push_back(r);
+  }
+  TreeAttentionPlanOptions po;
+  po.qo_heads = c.n_heads;
+  po.kv_heads = c.n_kv_heads;
+  po.head_dim = c.head_dim;
+  po.target_blocks = 2 * num_sms;
+  po.partial_capacity_rows = partial_rows;
+  po.fixed_chunk = attn_chunk;
+  SI_ASSIGN_OR_RETURN(TreeAttentionPlan ap, PlanTreeAttention(reqs, po));
+
+  // Rows whose logits are wanted in this piece: (local row, index in batch.logit_rows).
+  std::vector<int32_t> logit_local, logit_index;
+  for (size_t i = 0; i < batch.logit_rows.size(); ++i) {
+    const int32_t r = batch.logit_rows[i];
+    if (r >= g0 && r < g1) {
+      logit_local.push_back(r - g0);
+      logit_index.push_back(static_cast<int32_t>(i));
+    }
+  }
+
+  std::vector<uint8_t> blob;
+  const int64_t tok_off = Append(blob, batch.tokens.data() + g0, static_cast<size_t>(np));
+  const int64_t pos_off = Append(blob, batch.positions.data() + g0, static_cast<size_t>(np));
+  const int64_t slot_off = Append(blob, slots.data(), slots.size());
+  const int64_t table_off = Append(blob, tables.data(), tables.size());
+  const int64_t mask_off = Append(blob, masks.data(), masks.size());
+  const int64_t req_off = Append(blob, reqs.data(), reqs.size());
+  const int64_t work_off = Append(blob, ap.work.data(), ap.work.size());
+  const int64_t treq_off = Append(blob, ap.token_request.data(), ap.token_request.size());
+  const int64_t lrow_off = Append(blob, logit_local.data(), logit_local.size());
+  const int64_t bytes = static_cast<int64_t>(blob.size());
+  SI_RETURN_IF_ERROR(meta_host.Reserve(bytes, "pass metadata"));
+  SI_RETURN_IF_ERROR(meta.Reserve(bytes, "pass metadata"));
+  std::memcpy(meta_host.get(), blob.data(), blob.size());
+  SI_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(meta.get(), meta_host.get(), blob.size(), cudaMemcpyHostToDevice, stream),
+      "metadata upload"));
+  uint8_t* md = meta.get<uint8_t>();
+  const int32_t* d_tokens = reinterpret_cast<const int32_t*>(md + tok_off);
+  const int32_t* d_pos = reinterpret_cast<const int32_t*>(md + pos_off);
+  const int64_t* d_slots = reinterpret_cast<const int64_t*>(md + slot_off);
+  const int32_t* d_lrows = reinterpret_cast<const int32_t*>(md + lrow_off);
+
+  kernels::TreeAttentionParams ap_params;
+  ap_params.out = att;
+  ap_params.block_tables = reinterpret_cast<const int32_t*>(md + table_off);
+  ap_params.mask_words = reinterpret_cast<const uint64_t*>(md + mask_off);
+  ap_params.requests = reinterpret_cast<const kernels::TreeAttentionRequest*>(md + req_off);
+  ap_params.work = reinterpret_cast<const kernels::TreeAttentionWorkItem*>(md + work_off);
+  ap_params.token_request = reinterpret_cast<const int32_t*>(md + treq_off);
+  ap_params.partial_out = partial_out;
+  ap_params.partial_ml = partial_ml;
+  ap_params.num_tokens = np;
+  ap_params.num_work = static_cast<int32_t>(ap.work.size());
+  ap_params.qo_heads = c.n_heads;
+  ap_params.kv_heads = c.n_kv_heads;
+  ap_params.head_dim = c.head_dim;
+  ap_params.block_size = bs;
+  ap_params.kv_chunk = ap.kv_chunk;
+  ap_params.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  ap_params.any_split = ap.any_split;
+
+  const bool use_cublas =
+      !batch.batch_invariant && opt.cublas_min_tokens > 0 && np >= opt.cublas_min_tokens;
+  auto check = [](cudaError_t err, const char* what) { return CudaStatus(err, what); };
+  const kernels::RopeMode rope_mode = c.rope_style == RopeStyle::kInterleaved
+                                          ? kernels::RopeMode::kInterleaved
+                                          : kernels::RopeMode::kHalf;
+
+  // --- the layers ---
+  SI_RETURN_IF_ERROR(check(
+      kernels::LaunchDequantizeRows(emb.type, emb.data, emb.rows, dim, d_tokens, np, x, stream),
+      "embedding"));
+  for (int32_t li = 0; li < c.n_layers; ++li) {
+    const DeviceLayer& l = layers[static_cast<size_t>(li)];
+    SI_RETURN_IF_ERROR(check(
+        kernels::LaunchRmsNorm(x, l.attn_norm, xb, np, static_cast<int>(dim), c.norm_eps, stream),
+        "attention norm"));
+    SI_RETURN_IF_ERROR(Matmul(l.wq, xb, np, q, 0.0f, use_cublas));
+    SI_RETURN_IF_ERROR(Matmul(l.wk, xb, np, k, 0.0f, use_cublas));
+    SI_RETURN_IF_ERROR(Matmul(l.wv, xb, np, v, 0.0f, use_cublas));
+    if (l.bq) {
+      SI_RETURN_IF_ERROR(check(kernels::LaunchAddBias(q, l.bq, np, q_dim, stream), "bias"));
+      SI_RETURN_IF_ERROR(check(kernels::LaunchAddBias(k, l.bk, np, kv_dim, stream), "bias"));
+      SI_RETURN_IF_ERROR(check(kernels::LaunchAddBias(v, l.bv, np, kv_dim, stream), "bias"));
+    }
+    SI_RETURN_IF_ERROR(
+        check(kernels::LaunchRope(q, c.n_heads, k, c.n_kv_heads, c.head_dim, d_pos, np, rope_cos,
+                                  rope_sin, rope_max_pos, inv_freq, rope_mode, stream),
+              "rope"));
+    uint8_t* kl = k_cache + li * KvLayerBytes();
+    uint8_t* vl = v_cache + li * KvLayerBytes();
+    cudaError_t err;
+    switch (kv_type) {
+      case kernels::AttnType::kF32:
+        err = kernels::LaunchKvAppend(k, v, d_slots, np, static_cast<int32_t>(kv_dim),
+                                      reinterpret_cast<float*>(kl), reinterpret_cast<float*>(vl),
+                                      stream);
+        ap_params.q = q;
+        break;
+      case kernels::AttnType::kF16:
+        err = kernels::LaunchKvAppend(k, v, d_slots, np, static_cast<int32_t>(kv_dim),
+                                      reinterpret_cast<__half*>(kl), reinterpret_cast<__half*>(vl),
+                                      stream);
+        if (err == cudaSuccess)
+          err = kernels::LaunchCast(q, static_cast<__half*>(q_kv), np * q_dim, stream);
+        ap_params.q = q_kv;
+        break;
+      default:
+        err = kernels::LaunchKvAppend(k, v, d_slots, np, static_cast<int32_t>(kv_dim),
+                                      reinterpret_cast<__nv_bfloat16*>(kl),
+                                      reinterpret_cast<__nv_bfloat16*>(vl), stream);
+        if (err == cudaSuccess)
+          err = kernels::LaunchCast(q, static_cast<__nv_bfloat16*>(q_kv), np * q_dim, stream);
+        ap_params.q = q_kv;
+        break;
+    }
+    SI_RETURN_IF_ERROR(check(err, "KV append"));
+    ap_params.k_cache = kl;
+    ap_params.v_cache = vl;
+    SI_RETURN_IF_ERROR(
+        check(kernels::LaunchTreeAttention(ap_params, kv_type, /*out_float=*/true, stream),
+              "tree attention"));
+    SI_RETURN_IF_ERROR(Matmul(l.wo, att, np, x, 1.0f, use_cublas));  // x += att W_o^T
+    SI_RETURN_IF_ERROR(check(
+        kernels::LaunchRmsNorm(x, l.ffn_norm, xb, np, static_cast<int>(dim), c.norm_eps, stream),
+        "ffn norm"));
+    SI_RETURN_IF_ERROR(Matmul(l.w_gate, xb, np, gate, 0.0f, use_cublas));
+    SI_RETURN_IF_ERROR(Matmul(l.w_up, xb, np, up, 0.0f, use_cublas));
+    SI_RETURN_IF_ERROR(check(kernels::LaunchSwiGlu(gate, up, np * hidden, stream), "swiglu"));
+    SI_RETURN_IF_ERROR(Matmul(l.w_down, gate, np, x, 1.0f, use_cublas));  // x += ffn
+  }
+
+  // --- final norm and classifier for the wanted rows, logit_chunk rows at a time ---
+  const int64_t vocab = c.vocab_size;
+  for (size_t r0 = 0; r0 < logit_local.size(); r0 += static_cast<size_t>(logit_chunk)) {
+    const int32_t m = static_cast<int32_t>(
+        std::min<size_t>(static_cast<size_t>(logit_chunk), logit_local.size() - r0));
+    SI_RETURN_IF_ERROR(check(kernels::LaunchRmsNormRows(x, d_lrows + r0, final_norm, fin, m,
+                                                        static_cast<int>(dim), c.norm_eps, stream),
+                             "final norm"));
+    SI_RETURN_IF_ERROR(
+        Matmul(output, fin, m, logits, 0.0f, use_cublas && m >= opt.cublas_min_tokens));
+    SI_RETURN_IF_ERROR(
+        check(cudaMemcpyAsync(logits_host.get(), logits, static_cast<size_t>(m * vocab) * 4,
+                              cudaMemcpyDeviceToHost, stream),
+              "logits download"));
+    SI_RETURN_IF_ERROR(check(cudaStreamSynchronize(stream), "forward pass"));
+    for (int32_t i = 0; i < m; ++i)
+      std::memcpy(logits_out.data() + static_cast<size_t>(logit_index[r0 + i]) * vocab,
+                  logits_host.get<float>() + static_cast<size_t>(i) * vocab,
+                  static_cast<size_t>(vocab) * 4);
+  }
+  // The pinned metadata is reused by the next piece: wait until this one has run.
+  return check(cudaStreamSynchronize(stream), "forward pass");
+}
+
+CudaModelRunner::CudaModelRunner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CudaModelRunner::~CudaModelRunner() = default;
+
+StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
+    std::shared_ptr<const Model> model, const CudaRunnerOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->model = std::move(model);
+  SI_RETURN_IF_ERROR(impl->Init(options, /*random=*/false, DType::kF32, 0));
+  spdlog::info("CUDA backend on {}: {}", impl->device_name, impl->plan.ToString());
+  return std::unique_ptr<CudaModelRunner>(new CudaModelRunner(std::move(impl)));
+}
+
+StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::CreateRandom(
+    const ModelConfig& config, DType weight_type, uint64_t seed, const CudaRunnerOptions& options) {
+  SI_RETURN_IF_ERROR(config.Validate());
+  if (weight_type != DType::kF32 && weight_type != DType::kF16)
+    return InvalidArgumentError("random device weights are F32 or F16");
+  auto impl = std::make_unique<Impl>();
+  impl->model = std::make_shared<Model>(config, ModelWeights{}, "random-on-device");
+  SI_RETURN_IF_ERROR(impl->Init(options, /*random=*/true, weight_type, seed));
+  return std::unique_ptr<CudaModelRunner>(new CudaModelRunner(std::move(impl)));
+}
+
+const Model& CudaModelRunner::model() const { return *impl_->model; }
+std::string CudaModelRunner::name() const { return "cuda:" + std::to_string(impl_->opt.device); }
+int32_t CudaModelRunner::num_kv_blocks() const { return impl_->opt.num_kv_blocks; }
+const CudaMemoryPlan& CudaModelRunner::memory_plan() const { return impl_->plan; }
+
+Status CudaModelRunner::Synchronize() {
+  return CudaStatus(cudaStreamSynchronize(impl_->stream), "synchronize");
+}
+
+Status CudaModelRunner::Forward(const ForwardBatch& batch, const KvCacheManager& kv,
+                                std::span<float> logits) {
+  const ModelConfig& c = impl_->config();
+  SI_RETURN_IF_ERROR(batch.Validate(c.vocab_size));
+  const int64_t m = static_cast<int64_t>(batch.logit_rows.size());
+  if (logits.size() < static_cast<size_t>(m * c.vocab_size))
+    return InvalidArgumentError("logits buffer too small");
+  for (const BatchSequence& s : batch.seqs) {
+    if (!kv.HasSequence(s.seq)) return InvalidArgumentError("batch names an unknown sequence");
+    if (kv.Length(s.seq) < s.kv_end())
+      return FailedPreconditionError("KV slots not reserved for the batch");
+    if (kv.block_size() != impl_->opt.kv_block_size)
+      return InvalidArgumentError("KV manager block size differs from the runner's");
+    for (int32_t b : kv.BlockTable(s.seq))
+      if (b < 0 || b >= impl_->opt.num_kv_blocks)
+        return InternalError("KV block outside this runner's storage");
+  }
+  const int32_t n = batch.size();
+  if (n == 0) return Status::Ok();
+  SI_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(impl_->opt.device), "cudaSetDevice"));
+  for (int32_t g0 = 0; g0 < n; g0 += impl_->opt.max_batch_tokens) {
+    const int32_t g1 = std::min(n, g0 + impl_->opt.max_batch_tokens);
+    Status s = impl_->RunPiece(batch, kv, g0, g1, logits);
+    if (!s.ok()) {
+      cudaStreamSynchronize(impl_->stream);  // leave nothing running on a failed pass
+      return s;
+    }
+  }
+  return Status::Ok();
+}
+
+Status CudaModelRunner::MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,
+                               std::span<const int32_t> dst) {
+  if (src.size() != dst.size()) return InvalidArgumentError("MoveKv: src and dst differ in size");
+  if (!kv.HasSequence(seq)) return InvalidArgumentError("MoveKv: unknown sequence");
+  const int32_t len = kv.Length(seq);
+  for (size_t i = 0; i < src.size(); ++i)
+    if (src[i] < 0 || src[i] >= len || dst[i] < 0 || dst[i] >= len)
+      return InvalidArgumentError("MoveKv: position out of range");
+  std::vector<int64_t> from, to;
+  for (size_t i = 0; i < src.size(); ++i) {
+    if (src[i] == dst[i]) continue;
+    from.push_back(kv.SlotOf(seq, src[i]));
+    to.push_back(kv.SlotOf(seq, dst[i]));
+  }
+  if (from.empty()) return Status::Ok();
+  // The moves must behave as if done in order. They run in parallel only when no slot one move
+  // writes is read or written by another; otherwise one at a time, in order.
+  bool hazard = false;
+  {
+    std::unordered_set<int64_t> written;
+    for (int64_t t : to) hazard |= !written.insert(t).second;
+    for (size_t i = 0; i < from.size() && !hazard; ++i)
+      hazard = written.count(from[i]) != 0;  // from[i] == to[i] was dropped above
+  }
+  const int64_t count = static_cast<int64_t>(from.size());
+  std::vector<uint8_t> blob;
+  const int64_t f_off = Append(blob, from.data(), from.size());
+  const int64_t t_off = Append(blob, to.data(), to.size());
+  Impl& im = *impl_;
+  SI_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(im.opt.device), "cudaSetDevice"));
+  SI_RETURN_IF_ERROR(im.meta_host.Reserve(static_cast<int64_t>(blob.size()), "move metadata"));
+  SI_RETURN_IF_ERROR(im.meta.Reserve(static_cast<int64_t>(blob.size()), "move metadata"));
+  std::memcpy(im.meta_host.get(), blob.data(), blob.size());
+  SI_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(im.meta.get(), im.meta_host.get(), blob.size(),
+                                                cudaMemcpyHostToDevice, im.stream),
+                                "move metadata upload"));
+  const int64_t* d_from = reinterpret_cast<const int64_t*>(im.meta.get<uint8_t>() + f_off);
+  const int64_t* d_to = reinterpret_cast<const int64_t*>(im.meta.get<uint8_t>() + t_off);
+  const ModelConfig& c = im.config();
+  const int64_t layer_stride = im.kv_slots * c.kv_dim();
+  for (int64_t i = 0; i < (hazard ? count : 1); ++i) {
+    SI_RETURN_IF_ERROR(
+        CudaStatus(kernels::LaunchKvMove(im.k_cache, im.v_cache, im.kv_elem_bytes, c.n_layers,
+                                         layer_stride, c.kv_dim(), d_from + i, d_to + i,
+                                         hazard ? 1 : static_cast<int32_t>(count), im.stream),
+                   "KV move"));
+  }
+  return CudaStatus(cudaStreamSynchronize(im.stream), "KV move");
+}
+
+void RegisterCudaBackend() {
+  RegisterRunnerFactory(
+      "cuda",
+      [](std::shared_ptr<const Model> model,
+         const RunnerFactoryOptions& o) -> StatusOr<std::unique_ptr<ModelRunner>> {
+        CudaRunnerOptions co;
+        co.num_kv_blocks = o.num_kv_blocks;
+        co.kv_block_size = o.kv_block_size;
+        SI_ASSIGN_OR_RETURN(auto r, CudaModelRunner::Create(std::move(model), co));
+        return std::unique_ptr<ModelRunner>(std::move(r));
+      });
+}
+
+}  // namespace specinfer::cuda

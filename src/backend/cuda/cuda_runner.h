@@ -1,0 +1,114 @@
+// The CUDA backend: runs a Llama-family model on one NVIDIA GPU behind the same ModelRunner
+// interface as the CPU backend (backend/backend.h), so the engine, speculation and serving code
+// run unchanged on it.
+//
+// What is supported:
+//   - the whole Llama/Qwen2 forward pass of a ForwardBatch (decode, causal prefill chunks and
+//     token-tree verification of many sequences at once): embedding gather, RMSNorm, Q/K/V/O and
+//     SwiGLU projections (+ Qwen2 biases), RoPE in both pairings (interleaved and half) with the
+//     host's scaled frequencies, the fused tree-attention kernel over the paged KV cache
+//     (packed-bit masks, grouped-query attention, split KV for long contexts), final norm and
+//     classifier for the requested logit rows;
+//   - weights F32, F16, BF16, Q8_0, Q4_0, Q4_1 (others are refused with Unimplemented), uploaded
+//     once at Create; quantised weights stay quantised on the GPU: products read the blocks
+//     directly (kernels/linear.cuh), and batch-dependent prompt passes dequantise a matrix into
+//     an fp16 workspace for cuBLAS;
+//   - matrix products: a batch-invariant kernel (bit-identical outputs for a token whatever it
+//     is batched with, as ForwardBatch::batch_invariant requires: decode and tree passes) and
+//     cuBLAS (fp32 SGEMM without TF32 for F32 weights, fp16/bf16 GEMM with fp32 accumulation
+//     otherwise) for batches that allow batch-dependent results with >= cublas_min_tokens tokens;
+//   - the KV cache in fixed-size blocks on the GPU ([layer][slot][kv_dim], KvCacheManager's block
+//     tables), in float32 (default for float32 models: greedy output equals the CPU backend's
+//     token for token on stories260K) or fp16/bf16; MoveKv compacts an accepted tree path;
+//   - device memory planned up front: weights + KV blocks + workspace for max_batch_tokens tokens
+//     are computed and allocated at Create, and a shortfall is ResourceExhausted with the sizes,
+//     never a crash; larger batches run in pieces of max_batch_tokens tokens.
+// Not done: CUDA graphs (a pass is a few dozen launches per layer on one stream), multi-GPU,
+// K-quants and Q5 types, sampling on the device inside Forward (logits are copied back; the
+// device sampling kernels are in kernels/sampling.cuh).
+// Numerics against the CPU backend (float32 weights and KV): products and attention differ only
+// in summation order (relative differences ~1e-6 on logits), RoPE tables are the CPU's. Within
+// the GPU, batch-invariant passes are bit-exact: a token's logits do not depend on its batch, and
+// a tree node's equal those of decoding its path token by token (kernels/linear.cuh,
+// kernels/tree_attention.cuh), so speculative greedy output equals incremental output.
+//
+// Thread safety: one Forward/MoveKv at a time (the engine's step loop), as the CPU runner.
+// This header has no CUDA types; it exists only in builds with SPECINFER_WITH_CUDA.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "tensor/dtype.h"
+
+namespace specinfer::cuda {
+
+enum class KvCacheType { kAuto, kF32, kF16, kBF16 };  // kAuto: F32 for float32 models, else F16
+
+struct CudaRunnerOptions {
+  int32_t device = 0;
+  int32_t num_kv_blocks = 0;  // KV storage, in blocks of kv_block_size positions
+  int32_t kv_block_size = 16;
+  // Workspace is planned for this many tokens per pass; larger batches run in pieces.
+  int32_t max_batch_tokens = 512;
+  KvCacheType kv_type = KvCacheType::kAuto;
+  // Batches with batch_invariant == false and at least this many tokens use cuBLAS.
+  int32_t cublas_min_tokens = 16;
+  // Attention splits every sequence's KV into chunks of this many positions (0: max(512,
+  // context / 16)), the same in every batch so results stay batch-invariant; the workspace for
+  // the chunks' partial results is planned for max_batch_tokens tokens at full context.
+  int32_t attention_chunk = 0;
+};
+
+// Device memory the runner holds, in bytes.
+struct CudaMemoryPlan {
+  int64_t weights = 0;
+  int64_t kv_cache = 0;
+  int64_t workspace = 0;
+  int64_t total() const { return weights + kv_cache + workspace; }
+  std::string ToString() const;
+};
+
+class CudaModelRunner final : public ModelRunner {
+ public:
+  ~CudaModelRunner() override;
+
+  // Uploads the model's weights and allocates the KV cache and workspace on `options.device`.
+  // FailedPrecondition without a device; Unimplemented for weight types the backend cannot use;
+  // ResourceExhausted (with the planned sizes) when the GPU has too little memory.
+  static StatusOr<std::unique_ptr<CudaModelRunner>> Create(std::shared_ptr<const Model> model,
+                                                           const CudaRunnerOptions& options);
+
+  // A model of shape `config` whose weights are generated on the GPU (seeded uniform values of
+  // `weight_type`, F32 or F16; norm gains near 1), for benchmarks: no host copy ever exists.
+  // model().weights() is empty.
+  static StatusOr<std::unique_ptr<CudaModelRunner>> CreateRandom(const ModelConfig& config,
+                                                                 DType weight_type, uint64_t seed,
+                                                                 const CudaRunnerOptions& options);
+
+  const Model& model() const override;
+  std::string name() const override;
+  Status Forward(const ForwardBatch& batch, const KvCacheManager& kv,
+                 std::span<float> logits) override;
+  Status MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,
+                std::span<const int32_t> dst) override;
+  int32_t num_kv_blocks() const override;
+
+  const CudaMemoryPlan& memory_plan() const;
+  // Waits for the GPU and returns the first asynchronous error, if any (benchmarks use it to
+  // time passes).
+  Status Synchronize();
+
+  struct Impl;
+
+ private:
+  explicit CudaModelRunner(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Registers the "cuda" backend with the engine (EngineOptions::backend), in builds with CUDA.
+void RegisterCudaBackend();
+
+}  // namespace specinfer::cuda

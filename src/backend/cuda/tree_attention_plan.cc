@@ -1,0 +1,82 @@
+#include "backend/cuda/tree_attention_plan.h"
+
+#include <algorithm>
+#include <string>
+
+namespace specinfer::cuda {
+
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+StatusOr<TreeAttentionPlan> PlanTreeAttention(std::span<kernels::TreeAttentionRequest> requests,
+                                              const TreeAttentionPlanOptions& o) {
+  using kernels::kTreeAttnRowsPerBlock;
+  using kernels::kTreeAttnTileKv;
+  if (o.qo_heads <= 0 || o.kv_heads <= 0 || o.qo_heads % o.kv_heads != 0 || o.head_dim <= 0 ||
+      o.head_dim > kernels::kTreeAttnMaxHeadDim)
+    return InvalidArgumentError("tree attention plan: bad head geometry");
+  const int64_t group = o.qo_heads / o.kv_heads;
+  TreeAttentionPlan plan;
+  int32_t expect = 0;
+  int32_t max_kv = 0;
+  int64_t base_blocks = 0;
+  for (auto& r : requests) {
+    if (r.token_begin != expect || r.token_count <= 0 || r.kv_prefix < 0 || r.masked_kv < 0)
+      return InvalidArgumentError("tree attention plan: requests not contiguous and non-empty");
+    r.kv_len = r.kv_prefix + r.masked_kv + r.token_count;
+    max_kv = std::max(max_kv, r.kv_len);
+    base_blocks += CeilDiv(r.token_count * group, kTreeAttnRowsPerBlock) * o.kv_heads;
+    expect += r.token_count;
+  }
+  plan.num_tokens = expect;
+
+  // Chunk length: the whole context unless the GPU would be underused and the workspace allows.
+  int64_t chunk = CeilDiv(std::max(max_kv, 1), kTreeAttnTileKv) * kTreeAttnTileKv;
+  if (o.fixed_chunk > 0) {
+    chunk = CeilDiv(o.fixed_chunk, kTreeAttnTileKv) * kTreeAttnTileKv;
+  } else if (base_blocks < o.target_blocks && o.partial_capacity_rows > 0) {
+    const int64_t splits = CeilDiv(o.target_blocks, std::max<int64_t>(base_blocks, 1));
+    int64_t c = CeilDiv(CeilDiv(max_kv, splits), kTreeAttnTileKv) * kTreeAttnTileKv;
+    c = std::max<int64_t>(c, CeilDiv(o.min_chunk, kTreeAttnTileKv) * kTreeAttnTileKv);
+    for (; c < chunk; c *= 2) {
+      int64_t rows = 0;
+      for (const auto& r : requests) {
+        const int64_t n = CeilDiv(r.kv_len, c);
+        if (n > 1) rows += n * r.token_count * o.qo_heads;
+      }
+      if (rows <= o.partial_capacity_rows) {
+        chunk = c;
+        break;
+      }
+    }
+  }
+  plan.kv_chunk = static_cast<int32_t>(chunk);
+
+  plan.token_request.resize(static_cast<size_t>(expect));
+  for (size_t ri = 0; ri < requests.size(); ++ri) {
+    auto& r = requests[ri];
+    r.num_chunks = static_cast<int32_t>(CeilDiv(std::max(r.kv_len, 1), chunk));
+    r.partial_begin = 0;
+    if (r.num_chunks > 1) {
+      r.partial_begin = plan.partial_rows;
+      plan.partial_rows += static_cast<int64_t>(r.num_chunks) * r.token_count * o.qo_heads;
+      plan.any_split = true;
+    }
+    std::fill_n(plan.token_request.begin() + r.token_begin, r.token_count,
+                static_cast<int32_t>(ri));
+    const int32_t rows = static_cast<int32_t>(r.token_count * group);
+    for (int32_t c = 0; c < r.num_chunks; ++c)
+      for (int32_t row = 0; row < rows; row += kTreeAttnRowsPerBlock)
+        plan.work.push_back({static_cast<int32_t>(ri), row, c});
+  }
+  if (plan.partial_rows > o.partial_capacity_rows)
+    return ResourceExhaustedError("tree attention plan: " + std::to_string(plan.partial_rows) +
+                                  " partial rows exceed the workspace's " +
+                                  std::to_string(o.partial_capacity_rows));
+  return plan;
+}
+
+}  // namespace specinfer::cuda
