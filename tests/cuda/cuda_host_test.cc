@@ -69,7 +69,9 @@ void ExpectPlanCovers(const std::vector<TreeAttentionRequest>& reqs,
   EXPECT_EQ(static_cast<int64_t>(plan.work.size()), expected_items);
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i) EXPECT_LE(ranges[i - 1].second, ranges[i].first);
-  if (!ranges.empty()) EXPECT_LE(ranges.back().second, capacity);
+  if (!ranges.empty()) {
+    EXPECT_LE(ranges.back().second, capacity);
+  }
   EXPECT_EQ(plan.any_split, !ranges.empty());
   EXPECT_EQ(plan.kv_chunk % kernels::kTreeAttnTileKv, 0);
 }
@@ -93,8 +95,12 @@ TEST(CudaHostPlan, CoversEveryRowTileAndChunkOnce) {
           continue;
         }
         ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-        if (fixed > 0) EXPECT_EQ(plan->kv_chunk, fixed);
-        if (capacity == 0 && fixed == 0) EXPECT_FALSE(plan->any_split);
+        if (fixed > 0) {
+          EXPECT_EQ(plan->kv_chunk, fixed);
+        }
+        if (capacity == 0 && fixed == 0) {
+          EXPECT_FALSE(plan->any_split);
+        }
         ExpectPlanCovers(reqs, *plan, 32, 4, capacity);
       }
     }

@@ -144,7 +144,9 @@ TEST(BatchGenerator, TokenLogitsAreThoseOfEachPrefix) {
       });
       ASSERT_TRUE(r.ok()) << r.status().ToString();
       ASSERT_EQ(tokens.size(), 40u);
-      if (speculate) EXPECT_GT(r->stats.tokens_per_pass(), 1.0);
+      if (speculate) {
+        EXPECT_GT(r->stats.tokens_per_pass(), 1.0);
+      }
       std::vector<int32_t> prefix = req.prompt_tokens;
       for (size_t i = 0; i < tokens.size(); ++i) {
         const std::vector<float> want = testing::PromptLogits(
