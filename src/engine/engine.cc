@@ -41,8 +41,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
     // was not trained for it.)
     model->set_context_length(o.context_length);
   }
-  model->Prefault(o.load_progress);
-  if (o.dequantize) {
+  const bool local_runner = !o.runner_factory;
+  if (local_runner) model->Prefault(o.load_progress);
+  if (o.dequantize && local_runner) {
     SI_ASSIGN_OR_RETURN(std::unique_ptr<Model> f32, DequantizeToF32(*model));
     model = std::move(f32);
   }
@@ -58,12 +59,19 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   ro.num_threads = o.num_threads;
   ro.kv_block_size = o.kv_block_size;
   ro.num_kv_blocks = blocks_per_seq * o.max_sequences;
-  SI_ASSIGN_OR_RETURN(auto runner, CpuModelRunner::Create(engine->model_, ro));
-  spdlog::info("loaded {} ({}), {} MiB of weights, backend {} with {} threads",
-               o.model_path, c.ToString(), engine->model_->WeightBytes() >> 20, runner->name(),
-               runner->num_threads());
-  engine->pool_ = runner->pool();
-  engine->runner_ = std::move(runner);
+  if (local_runner) {
+    SI_ASSIGN_OR_RETURN(auto runner, CpuModelRunner::Create(engine->model_, ro));
+    spdlog::info("loaded {} ({}), {} MiB of weights, backend {} with {} threads",
+                 o.model_path, c.ToString(), engine->model_->WeightBytes() >> 20, runner->name(),
+                 runner->num_threads());
+    engine->pool_ = runner->pool();
+    engine->runner_ = std::move(runner);
+  } else {
+    SI_ASSIGN_OR_RETURN(engine->runner_,
+                        o.runner_factory(engine->model_, *engine->tokenizer_, ro.num_kv_blocks));
+    if (!engine->runner_) return InternalError("the runner factory returned no runner");
+    spdlog::info("model {} ({}) runs on {}", o.model_path, c.ToString(), engine->runner_->name());
+  }
   engine->max_sequences_ = o.max_sequences;
   engine->kv_block_size_ = o.kv_block_size;
   engine->kv_ = std::make_unique<KvCacheManager>(ro.num_kv_blocks, ro.kv_block_size);
@@ -75,6 +83,17 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   for (const std::string& spec : o.drafts) {
     SI_ASSIGN_OR_RETURN(Speculator * s, engine->AddSpeculator(spec));
     spdlog::info("speculator {} ready", s->name());
+  }
+  if (o.speculator_factory) {
+    SI_ASSIGN_OR_RETURN(auto injected, o.speculator_factory(engine->model_, *engine->tokenizer_));
+    for (auto& s : injected) {
+      if (!s) return InternalError("the speculator factory returned a null speculator");
+      for (const auto& have : engine->speculators_)
+        if (have->name() == s->name())
+          return InvalidArgumentError("two speculators named '" + s->name() + "'");
+      spdlog::info("speculator {} ready", s->name());
+      engine->speculators_.push_back(std::move(s));
+    }
   }
   return engine;
 }

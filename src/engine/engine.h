@@ -33,6 +33,20 @@ struct EngineOptions {
   // Speculators to load at start (spec strings, see spec/speculator.h); ngram and layers ones
   // can also be created later by name, model ones only here.
   std::vector<std::string> drafts;
+
+  // Distributed serving (src/dist/). Builds the LLM's runner in place of the local CPU one, e.g.
+  // a client of remote LLM workers, from the loaded model (its configuration; the weights are
+  // then not paged in here, nor dequantized), the tokenizer and the number of KV blocks of the
+  // engine's cache. Null: a CpuModelRunner.
+  std::function<StatusOr<std::unique_ptr<ModelRunner>>(
+      std::shared_ptr<const Model> model, const Tokenizer& tokenizer, int32_t num_kv_blocks)>
+      runner_factory;
+  // Builds more speculators once the model and tokenizer are loaded, e.g. RemoteSpeculator over
+  // SSM workers. They join after `drafts`, found by name() like them (a name equal to a spec
+  // string of `drafts` is refused). Null: none.
+  std::function<StatusOr<std::vector<std::unique_ptr<Speculator>>>(
+      std::shared_ptr<const Model> model, const Tokenizer& tokenizer)>
+      speculator_factory;
 };
 
 class Engine {
