@@ -87,7 +87,7 @@ class Reader {
   }
 
  private:
-  const YAML::Node& node_;
+  const YAML::Node node_;
   const std::string path_;
   const std::string& source_;
 };

@@ -168,7 +168,8 @@ class RemoteDraftSession final : public DraftSession {
 
   StatusOr<TokenTree> Propose(const DraftContext& ctx) override {
     const int32_t root = ctx.tokens.back();
-    if (ctx.max_depth <= 0) return TokenTree(root);
+    const int32_t max_depth = std::min(ctx.max_depth, ctx.shape->depth());
+    if (max_depth <= 0) return TokenTree(root);
     // Sampled expansion draws on the worker from a seed drawn here, from the request's stream.
     uint64_t seed = 0;
     if (!ctx.sampling->greedy()) {
@@ -201,7 +202,7 @@ class RemoteDraftSession final : public DraftSession {
       item->mutable_tokens()->Add(ctx.tokens.begin() + static_cast<std::ptrdiff_t>(held_),
                                   ctx.tokens.end());
       item->mutable_widths()->Add(ctx.shape->widths.begin(), ctx.shape->widths.end());
-      item->set_max_depth(ctx.max_depth);
+      item->set_max_depth(max_depth);
       SamplingToProto(*ctx.sampling, item->mutable_sampling());
       item->set_seed(seed);
       item->set_speculator_index(ctx.speculator_index);
@@ -225,8 +226,7 @@ class RemoteDraftSession final : public DraftSession {
       const auto& result = resp.results(0);
       switch (result.outcome()) {
         case worker::SpeculateResult::OK: {
-          auto tree = TreeFromProto(result.tree(), owner_.o.vocab_size, root,
-                                    std::min(ctx.max_depth, ctx.shape->depth()));
+          auto tree = TreeFromProto(result.tree(), owner_.o.vocab_size, root, max_depth);
           if (!tree.ok()) {
             owner_.MarkDown(static_cast<size_t>(replica_),
                             "malformed answer (" + tree.status().message() + ")");
