@@ -9,7 +9,9 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <csignal>
 #include <charconv>
+#include <mutex>
 #include <exception>
 
 #include "proto/llm_worker.grpc.pb.h"
@@ -132,6 +134,9 @@ StatusOr<std::unique_ptr<CollectiveGroup>> CollectiveGroup::Form(
   if (layout.tp_size < 1 || layout.num_stages < 1 || layout.tp_rank < 0 ||
       layout.tp_rank >= layout.tp_size || layout.stage < 0 || layout.stage >= layout.num_stages)
     return InvalidArgumentError("collective layout out of range");
+  // A write to a peer that just died must fail with EPIPE, not kill the process.
+  static std::once_flag ignore_sigpipe;
+  std::call_once(ignore_sigpipe, [] { std::signal(SIGPIPE, SIG_IGN); });
   std::unique_ptr<CollectiveGroup> g(new CollectiveGroup());
   g->layout_ = layout;
   g->timeout_ = timeout;

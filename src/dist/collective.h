@@ -12,7 +12,8 @@
 // proto/llm_worker.proto), served by one worker's RendezvousTable: it works across hosts.
 //
 // Failures: every wait has a timeout; a peer that died (socket closed) or hangs turns into an
-// ABORTED Status, never an exception or a hang. After a failure the group is unusable (message
+// ABORTED Status, never an exception or a hang. (Forming a group sets SIGPIPE to be ignored in
+// the process, so that writing to a dead peer is an error and not the end of the process.) After a failure the group is unusable (message
 // order on its pairs is unknown): destroy it and Form a new one under a new epoch.
 //
 // Thread safety: a CollectiveGroup is used by one thread at a time. RendezvousTable and
