@@ -109,6 +109,36 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(std::get<2>(info.param));
     });
 
+// The default model, Q4_1 weights (row shares of quantized matrices) with 3 KV heads: TP=3 x PP=2
+// over 6 workers sharing the one mapped model in this process.
+TEST(LlmGroupQuantized, SmolLM2Q41Tp3Pp2BitIdentical) {
+  if (testing::DefaultModel().empty()) GTEST_SKIP() << "models/SmolLM2-135M-Instruct.Q4_1.gguf absent";
+  auto loaded = LoadModelAndTokenizer(testing::DefaultModel(), "");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  loaded->model->set_context_length(256);
+  const uint64_t fp = VocabFingerprint(*loaded->tokenizer);
+  std::shared_ptr<const Model> model(std::move(loaded->model));
+  ASSERT_EQ(model->weights().layers[0].wq.type, DType::kQ4_1);
+  auto group = testing::StartLlmGroup(model, fp, 3, 2);
+  ASSERT_TRUE(group);
+  auto remote = RemoteLlmRunner::Connect(group->GroupOptions(), model, fp);
+  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+  auto local = testing::MakeLocalRunner(model, (*remote)->num_kv_blocks());
+  KvCacheManager remote_kv((*remote)->num_kv_blocks(), (*remote)->kv_block_size());
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto want = testing::RunScenario(*local.runner, *local.kv);
+  const auto t1 = std::chrono::steady_clock::now();
+  const auto got = testing::RunScenario(**remote, remote_kv);
+  const auto t2 = std::chrono::steady_clock::now();
+  ExpectSameLogits(want, got);
+  const auto t = (*remote)->traffic();
+  std::printf("[SmolLM2 Q4_1 tp=3 pp=2] scenario: local %.0f ms, group %.0f ms; per pass %.0f "
+              "request bytes (6 workers), %.0f response bytes\n",
+              std::chrono::duration<double, std::milli>(t1 - t0).count(),
+              std::chrono::duration<double, std::milli>(t2 - t1).count(),
+              double(t.request_bytes) / t.passes, double(t.response_bytes) / t.passes);
+}
+
 TEST(LlmShard, SplitsAreEvenAndCoverEverything) {
   EXPECT_EQ(SplitEvenly(5, 2, 0).begin, 0);
   EXPECT_EQ(SplitEvenly(5, 2, 0).count, 3);
