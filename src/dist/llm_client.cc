@@ -245,6 +245,11 @@ Status RemoteLlmRunner::Reform() {
   return Status::Ok();
 }
 
+void RemoteLlmRunner::MarkBroken() {
+  if (!broken_) ++kv_epoch_;
+  broken_ = true;
+}
+
 Status RemoteLlmRunner::Probe() {
   std::lock_guard lock(mu_);
   if (!broken_) {
@@ -255,13 +260,13 @@ Status RemoteLlmRunner::Probe() {
                                 auto done) { async->Health(ctx, &req, resp, std::move(done)); });
     for (size_t i = 0; i < workers_.size(); ++i) {
       if (!statuses[i].ok()) {
-        broken_ = true;
+        MarkBroken();
         return UnavailableError(workers_[i]->Name() + " unavailable: " +
                                 statuses[i].error_message());
       }
       if (resps[i].boot_id() != workers_[i]->boot_id || !resps[i].in_group() ||
           resps[i].epoch() != epoch_)
-        broken_ = true;
+        MarkBroken();
     }
     if (!broken_) return Status::Ok();
   }
@@ -335,7 +340,7 @@ Status RemoteLlmRunner::Forward(const ForwardBatch& batch, const KvCacheManager&
   int worst = -1;
   for (size_t i = 0; i < workers_.size(); ++i) {
     if (statuses[i].ok()) continue;
-    if (statuses[i].error_code() != grpc::StatusCode::INVALID_ARGUMENT) broken_ = true;
+    if (statuses[i].error_code() != grpc::StatusCode::INVALID_ARGUMENT) MarkBroken();
     if (worst < 0 ||
         Severity(statuses[i].error_code()) < Severity(statuses[worst].error_code()))
       worst = static_cast<int>(i);
@@ -370,7 +375,7 @@ Status RemoteLlmRunner::Forward(const ForwardBatch& batch, const KvCacheManager&
     if (r.vocab_begin() != want.begin || r.vocab_count() != want.count ||
         r.rows() != static_cast<int32_t>(m) ||
         r.logits().size() != m * static_cast<size_t>(want.count) * sizeof(float)) {
-      broken_ = true;
+      MarkBroken();
       return InternalError(workers_[i]->Name() + " answered logits of the wrong shape");
     }
     const char* src = r.logits().data();
@@ -424,7 +429,7 @@ Status RemoteLlmRunner::MoveKv(const KvCacheManager& kv, SeqId seq, std::span<co
   for (size_t i = 0; i < workers_.size(); ++i) {
     if (statuses[i].ok()) continue;
     // A worker that did not move its share leaves the group's KV inconsistent.
-    broken_ = true;
+    MarkBroken();
     return UnavailableError(workers_[i]->Name() + " failed to move KV entries: " +
                             statuses[i].error_message());
   }

@@ -20,6 +20,7 @@
 // Thread safety: all methods may be called from any thread; calls are serialised internally.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -62,6 +63,11 @@ class RemoteLlmRunner final : public ModelRunner {
   Status MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,
                 std::span<const int32_t> dst) override;
   int32_t num_kv_blocks() const override { return kv_blocks_; }
+  // Bumped as soon as the group is found broken (a worker down, restarted, or a collective
+  // failed): KV written before that is lost even if the same workers come back, so
+  // BatchGenerator fails the sequences that hold some (SequenceRun::CheckKvEpoch) before they
+  // share a pass with new ones.
+  uint64_t kv_epoch() const override { return kv_epoch_.load(); }
   // The KvCacheManager driving this runner must use this block size.
   int32_t kv_block_size() const { return kv_block_size_; }
 
@@ -88,6 +94,7 @@ class RemoteLlmRunner final : public ModelRunner {
   Status RegisterAll(bool first);  // requires mu_
   Status Reform();                 // requires mu_
   Status CheckKvEpochs(const ForwardBatch& batch, const KvCacheManager& kv);  // requires mu_
+  void MarkBroken();                                                           // requires mu_
 
   const LlmGroupOptions options_;
   std::shared_ptr<const Model> model_;
@@ -98,6 +105,7 @@ class RemoteLlmRunner final : public ModelRunner {
   std::vector<std::unique_ptr<Worker>> workers_;
   uint64_t epoch_ = 0;
   bool broken_ = true;
+  std::atomic<uint64_t> kv_epoch_{0};
   // Group epoch in which each sequence last had KV written; sequences of older epochs lost it.
   std::unordered_map<SeqId, uint64_t> seq_epoch_;
   Traffic traffic_;

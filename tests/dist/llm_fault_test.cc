@@ -223,6 +223,14 @@ TEST(LlmWorkerFaults, WorkerDownFailsInFlightQuicklyAndServingResumesWhenItRetur
                   .ok());
   for (int i = 0; i < 4; ++i) gen.Step();
   ASSERT_FALSE(r1.done.has_value());
+  // Another scheduler's sequence with KV on the group, not in any pass while the worker is down.
+  BatchGenerator gen2(remote, kv, o);
+  Outcome old_run;
+  ASSERT_TRUE(gen2.Add(Request(st, "Lily and Ben", 30), nullptr,
+                       [&](StatusOr<GenerateResult> r) { old_run.done = r; })
+                  .ok());
+  for (int i = 0; i < 3; ++i) gen2.Step();
+  ASSERT_FALSE(old_run.done.has_value());
 
   // Stage 1, tp 1 goes down while r1 is decoding.
   const std::string down = group->addresses[3];
@@ -274,11 +282,16 @@ TEST(LlmWorkerFaults, WorkerDownFailsInFlightQuicklyAndServingResumesWhenItRetur
     kv.RemoveSequence(old_seq);
   }
 
-  // New requests generate exactly what the local engine generates.
+  // New requests generate exactly what the local engine generates, also beside a sequence of
+  // before the failure, which ends with KV lost before its next pass instead of joining it.
   GenerateRequest req = Request(st, "Once upon a time", 40);
   Outcome r3;
-  ASSERT_TRUE(gen.Add(req, nullptr, [&](StatusOr<GenerateResult> r) { r3.done = r; }).ok());
-  StepUntilDone(gen, r3);
+  ASSERT_TRUE(gen2.Add(req, nullptr, [&](StatusOr<GenerateResult> r) { r3.done = r; }).ok());
+  StepUntilDone(gen2, r3);
+  ASSERT_TRUE(old_run.done.has_value());
+  EXPECT_EQ(old_run.done->status().code(), StatusCode::kDataLoss)
+      << old_run.done->status().ToString();
+  EXPECT_NE(old_run.done->status().message().find("KV lost"), std::string::npos);
   ASSERT_TRUE(r3.done.has_value());
   ASSERT_TRUE(r3.done->ok()) << r3.done->status().ToString();
   BatchGenerator local_gen(*local.runner, *local.kv, o);
