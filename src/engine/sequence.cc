@@ -27,7 +27,8 @@ const char* FinishReasonName(FinishReason r) {
 StatusOr<std::unique_ptr<SequenceRun>> SequenceRun::Start(GenerateRequest req,
                                                           TokenCallback on_token,
                                                           const ModelConfig& c,
-                                                          KvCacheManager& kv) {
+                                                          KvCacheManager& kv,
+                                                          uint64_t kv_epoch) {
   if (req.prompt_tokens.empty()) return InvalidArgumentError("empty prompt (BOS counts)");
   for (int32_t t : req.prompt_tokens)
     if (t < 0 || t >= c.vocab_size)
@@ -50,6 +51,7 @@ StatusOr<std::unique_ptr<SequenceRun>> SequenceRun::Start(GenerateRequest req,
   }
   const SeqId seq = kv.AddSequence();
   std::unique_ptr<SequenceRun> run(new SequenceRun(std::move(req), std::move(on_token), c, kv, seq));
+  run->kv_epoch_ = kv_epoch;
   for (Speculator* s : run->request_.speculators) {
     auto session = s->StartSession();
     if (!session.ok()) {
@@ -237,6 +239,16 @@ Status SequenceRun::Commit(std::span<const float> all_logits, ModelRunner& runne
     if (phase_ == Phase::kDone) break;
   }
   return Status::Ok();
+}
+
+Status SequenceRun::CheckKvEpoch(uint64_t current) {
+  if (current == kv_epoch_) return Status::Ok();
+  if (kv_.Length(seq_) == 0) {  // nothing written yet: nothing lost
+    kv_epoch_ = current;
+    return Status::Ok();
+  }
+  return DataLossError("KV lost: the LLM's KV entries of this sequence are gone (an LLM worker "
+                       "restarted or its group failed); the request must start over");
 }
 
 void SequenceRun::Finish(FinishReason reason) {

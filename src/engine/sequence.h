@@ -43,10 +43,11 @@ class SequenceRun {
   // shape; OutOfRange if the prompt does not fit the model's context (the number of new tokens
   // is clamped to the context that remains). A speculator without room for another session
   // (ResourceExhausted) is left out of this sequence rather than failing it.
+  // `kv_epoch`: the runner's ModelRunner::kv_epoch() now.
   static StatusOr<std::unique_ptr<SequenceRun>> Start(GenerateRequest request,
                                                       TokenCallback on_token,
                                                       const ModelConfig& config,
-                                                      KvCacheManager& kv);
+                                                      KvCacheManager& kv, uint64_t kv_epoch = 0);
   ~SequenceRun();  // frees the sequence's KV blocks
 
   // KV blocks of `block_size` positions that a sequence for `request` may hold at its largest
@@ -69,6 +70,9 @@ class SequenceRun {
   // After the pass that PlanDecode joined: `logits` holds every logits row of that batch
   // ([batch.logit_rows.size(), vocab]). Verifies, commits, emits; may finish the sequence.
   Status Commit(std::span<const float> logits, ModelRunner& runner);
+  // Before planning a pass: DataLoss ("KV lost: ...") if the sequence wrote KV entries under
+  // another runner kv_epoch than `current` (they are gone); a sequence with no KV yet adopts it.
+  Status CheckKvEpoch(uint64_t current);
   // Ends the sequence now with `reason` (e.g. kCancelled).
   void Finish(FinishReason reason);
 
@@ -92,6 +96,7 @@ class SequenceRun {
   int32_t prefill_end_ = 0;  // prompt tokens prefilled before decoding: all but the last
   int32_t prefilled_ = 0;
   int32_t committed_ = 0;    // KV entries [0, committed_) are final
+  uint64_t kv_epoch_ = 0;    // runner's kv_epoch() its KV entries were written under
   std::vector<int32_t> context_;  // prompt + generated; its last token is the next tree's root
   std::vector<Speculator*> speculators_;  // those with a session, in the request's order
   std::vector<std::unique_ptr<DraftSession>> sessions_;
