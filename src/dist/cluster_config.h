@@ -103,7 +103,7 @@ StatusOr<ClusterConfig> ParseClusterConfig(const std::string& yaml_text,
 StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path);
 
 // Whether this build has the LLM worker role (tensor- and pipeline-parallel LLM workers).
-inline constexpr bool kClusterHasLlmWorkers = false;
+inline constexpr bool kClusterHasLlmWorkers = true;
 
 // Whether this build can run the configuration: `backend: cuda` needs a build with CUDA and a
 // CUDA model runner (neither exists for LLM workers yet: refused, saying which); LLM workers

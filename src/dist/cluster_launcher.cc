@@ -16,6 +16,8 @@
 #include <mutex>
 #include <thread>
 
+#include "dist/llm_client.h"
+#include "dist/llm_worker.h"
 #include "dist/model_identity.h"
 #include "dist/ssm_client.h"
 #include "dist/ssm_worker.h"
@@ -312,8 +314,19 @@ StatusOr<InferenceServerOptions> ManagerOptions(const ClusterConfig& c,
     o.engine.dequantize = c.llm.dequantize;
   } else {
     o.engine.num_threads = c.manager.endpoint.threads;
-    (void)llm_addresses;
-    return FailedPreconditionError("LLM workers are not in this build");
+    LlmGroupOptions g;
+    g.workers = llm_addresses;
+    g.tp_size = c.llm.tp;
+    g.num_stages = c.llm.pp;
+    o.engine.runner_factory = [g](std::shared_ptr<const Model> model, const Tokenizer& tok,
+                                  int32_t num_kv_blocks)
+        -> StatusOr<std::unique_ptr<ModelRunner>> {
+      LlmGroupOptions opts = g;
+      opts.kv_blocks = num_kv_blocks;
+      SI_ASSIGN_OR_RETURN(auto runner,
+                          RemoteLlmRunner::Connect(opts, std::move(model), VocabFingerprint(tok)));
+      return std::unique_ptr<ModelRunner>(std::move(runner));
+    };
   }
   // One RemoteSpeculator per ssm group, named by its spec.
   std::vector<RemoteSpeculatorOptions> groups;
@@ -419,9 +432,41 @@ int RunClusterWorker(const ClusterConfig& c, const std::string& config_path,
     (*server)->Shutdown();
     return 0;
   }
-  std::fprintf(stderr, "error: %s: the llm worker role is not in this build yet\n",
-               slot->label.c_str());
-  return 1;
+  // llm: one (stage, tensor-parallel rank) share of the LLM.
+  const ClusterModel& m = config.model(config.llm.model);
+  LlmWorkerOptions o;
+  o.model_path = m.path;
+  o.tokenizer_path = m.tokenizer;
+  o.listen = slot->endpoint.address + ":" + std::to_string(port);
+  o.stage = index / config.llm.tp;
+  o.num_stages = config.llm.pp;
+  o.tp_rank = index % config.llm.tp;
+  o.tp_size = config.llm.tp;
+  o.num_threads = config.llm.threads;
+  o.context_length = config.limits.context;
+  o.max_sequences = config.limits.max_batch;
+  o.dequantize = config.llm.dequantize;
+  auto server = LlmWorkerServer::Start(o);
+  if (!server.ok()) {
+    std::fprintf(stderr, "error: %s: %s\n", slot->label.c_str(),
+                 server.status().ToString().c_str());
+    return 1;
+  }
+  const std::string who = slot->label + " " + (*server)->address() + " (stage " +
+                          std::to_string(o.stage) + ", rank " + std::to_string(o.tp_rank) + ")";
+  spdlog::info("{}: serving {} layers' share of {}", who, o.num_stages > 1 ? "its stage's" : "all",
+               o.model_path);
+  std::printf("worker %s listening %s:%d pid=%d\n", slot->label.c_str(),
+              slot->endpoint.address.c_str(), (*server)->port(), static_cast<int>(getpid()));
+  std::fflush(stdout);
+  if (FILE* devnull = std::freopen("/dev/null", "w", stdout); devnull == nullptr) {
+    spdlog::debug("cannot reopen stdout");
+  }
+  int sig = 0;
+  sigwait(&stop, &sig);
+  spdlog::info("{}: signal {}, stopping", who, sig);
+  (*server)->Shutdown();
+  return 0;
 }
 
 int RunCluster(const ClusterConfig& c, const std::string& config_path, bool spawn_workers,
