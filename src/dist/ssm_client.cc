@@ -172,10 +172,7 @@ class RemoteDraftSession final : public DraftSession {
     if (max_depth <= 0) return TokenTree(root);
     // Sampled expansion draws on the worker from a seed drawn here, from the request's stream.
     uint64_t seed = 0;
-    if (!ctx.sampling->greedy()) {
-      seed = static_cast<uint64_t>(ctx.rng->Uniform() * 9007199254740992.0) ^
-             (static_cast<uint64_t>(ctx.rng->Uniform() * 2048.0) << 53);
-    }
+    if (!ctx.sampling->greedy()) seed = DrawSpeculationSeed(*ctx.rng);
     const size_t n = ctx.tokens.size();
     // Each replica once at most, plus one resend after a RESYNC.
     for (size_t attempt = 0; attempt < owner_.replicas.size() + 2; ++attempt) {

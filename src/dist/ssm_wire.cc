@@ -149,6 +149,13 @@ StatusOr<TokenTree> TreeFromProto(const worker::TokenTreeProto& proto, int32_t v
   return tree;
 }
 
+uint64_t DrawSpeculationSeed(Rng& rng) {
+  // Two draws: 53 random bits and 11 more.
+  const uint64_t hi = static_cast<uint64_t>(rng.Uniform() * 9007199254740992.0);
+  const uint64_t lo = static_cast<uint64_t>(rng.Uniform() * 2048.0);
+  return (hi << 11) | lo;
+}
+
 void SamplingToProto(const SamplingParams& s, worker::Sampling* out) {
   out->set_temperature(s.temperature);
   out->set_top_k(s.top_k);

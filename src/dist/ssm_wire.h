@@ -40,6 +40,10 @@ void TreeToProto(const TokenTree& tree, worker::TokenTreeProto* out);
 StatusOr<TokenTree> TreeFromProto(const worker::TokenTreeProto& proto, int32_t vocab,
                                   int32_t root_token, int32_t max_depth);
 
+// The 64-bit seed a sampled Speculate item carries, drawn from the request's random stream (so a
+// seeded request stays repeatable). Greedy items need none.
+uint64_t DrawSpeculationSeed(Rng& rng);
+
 // The sampling parameters of an item (seed excluded), and back.
 void SamplingToProto(const SamplingParams& s, worker::Sampling* out);
 SamplingParams SamplingFromProto(const worker::Sampling& s);
