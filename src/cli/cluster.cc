@@ -41,6 +41,13 @@ CLI::App* AddClusterCommand(CLI::App& app, ClusterArgs& a) {
                                     "the manager, workers started elsewhere")
       ->check(CLI::IsMember({"all", "manager"}))
       ->capture_default_str();
+  cmd->add_option("--http-port", a.http_port, "Replace manager.http_port (0: any free port)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_flag("--any-ports", a.any_ports,
+                "Every worker on a free port and no gRPC frontend (one machine only: tests, "
+                "benchmarks beside other deployments)");
+  cmd->add_option("--chat-template", a.chat_template,
+                  "Replace manager.chat_template: chatml, llama2 or llama3");
   return cmd;
 }
 
@@ -63,7 +70,11 @@ int RunClusterCommand(const ClusterArgs& a, const char* argv0) {
     std::fprintf(stderr, "error: %s\n", config.status().ToString().c_str());
     return 1;
   }
-  ClusterOverrides ov{a.model, a.tokenizer};
+  ClusterOverrides ov{a.model, a.tokenizer, a.http_port, a.any_ports, a.chat_template};
+  if (ov.any_ports && a.role != "all") {
+    std::fprintf(stderr, "error: --any-ports needs --role all (the workers' ports must be known)\n");
+    return 1;
+  }
   return RunCluster(*config, a.config, a.role == "all", ov, SelfExe(argv0));
 }
 

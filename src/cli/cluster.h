@@ -2,6 +2,7 @@
 // (dist/cluster_config.h, examples in configs/).
 //
 //   specinfer cluster --config FILE [--role all|manager] [--model PATH [--tokenizer PATH]]
+//                     [--http-port P] [--any-ports] [--chat-template chatml|llama2|llama3]
 //       all (default): the whole deployment on this machine: every worker of the config as a
 //       child process, then the request manager with its HTTP and gRPC frontends in this one;
 //       manager: only the manager, connecting to workers started elsewhere (multi-host).
@@ -24,6 +25,9 @@ struct ClusterArgs {
   int index = 0;
   int port = -1;
   std::string model, tokenizer;
+  int http_port = -1;      // cluster: >= 0 replaces manager.http_port
+  bool any_ports = false;  // cluster: every worker on a free port, no gRPC
+  std::string chat_template;  // cluster: replaces manager.chat_template
 };
 
 // Adds the subcommands' options; `cluster_args` and `worker_args` receive them.

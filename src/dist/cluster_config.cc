@@ -183,7 +183,8 @@ StatusOr<ClusterConfig> Parse(const YAML::Node& root, const std::string& source)
   if (top.Has("manager")) {
     Reader r(top.Get("manager"), "manager", source);
     SI_RETURN_IF_ERROR(r.Keys({"host", "bind", "http_port", "grpc_port", "threads", "tree",
-                               "served_model_name", "rpc_timeout_ms", "probe_interval_ms",
+                               "served_model_name", "chat_template", "rpc_timeout_ms",
+                               "probe_interval_ms",
                                "drain_timeout_s"}));
     SI_RETURN_IF_ERROR(r.Str("host", &c.manager.endpoint.host));
     auto it = c.hosts.find(c.manager.endpoint.host);
@@ -207,6 +208,7 @@ StatusOr<ClusterConfig> Parse(const YAML::Node& root, const std::string& source)
       if (!shape.ok()) return r.Error("tree", shape.status().message());
     }
     SI_RETURN_IF_ERROR(r.Str("served_model_name", &c.manager.served_model_name));
+    SI_RETURN_IF_ERROR(r.Str("chat_template", &c.manager.chat_template));
     SI_RETURN_IF_ERROR(r.Int32("rpc_timeout_ms", 10, 600000, &c.manager.rpc_timeout_ms));
     SI_RETURN_IF_ERROR(r.Int32("probe_interval_ms", 10, 600000, &c.manager.probe_interval_ms));
     SI_RETURN_IF_ERROR(r.Int32("drain_timeout_s", 0, 3600, &c.manager.drain_timeout_s));

@@ -3,7 +3,7 @@
 //   hosts:   {NAME: ADDRESS, ...}            machines by name (default: local: 127.0.0.1)
 //   models:  {NAME: PATH | {path: P, tokenizer: T}, ...}
 //   limits:  {max_batch, max_batch_tokens, max_queue, context, max_body_bytes}
-//   manager: {host, bind, http_port, grpc_port, threads, tree, served_model_name,
+//   manager: {host, bind, http_port, grpc_port, threads, tree, served_model_name, chat_template,
 //             rpc_timeout_ms, probe_interval_ms, drain_timeout_s}
 //   ssm:     - {spec, model, max_sessions, idle_timeout_s,
 //               replicas: [{host, port, threads}, ...]}       one entry per logical speculator
@@ -56,6 +56,7 @@ struct ClusterManager {
   int32_t grpc_port = 0;     // 0: no gRPC API
   std::string tree = "1,1,3,1,1,1,1,1";
   std::string served_model_name;
+  std::string chat_template;  // chatml | llama2 | llama3; "": the model's own
   int32_t rpc_timeout_ms = 5000;
   int32_t probe_interval_ms = 1000;
   int32_t drain_timeout_s = 10;

@@ -71,6 +71,19 @@ std::string ExitDescription(int status) {
 
 // ---- child processes ---------------------------------------------------------------------------
 
+// This process's log level as `--log-level` spells it.
+std::string LogLevelName() {
+  switch (spdlog::get_level()) {
+    case spdlog::level::trace: return "trace";
+    case spdlog::level::debug: return "debug";
+    case spdlog::level::info: return "info";
+    case spdlog::level::warn: return "warn";
+    case spdlog::level::err:
+    case spdlog::level::critical: return "error";
+    default: return "off";
+  }
+}
+
 struct Child {
   WorkerSlot slot;
   pid_t pid = -1;
@@ -84,7 +97,7 @@ StatusOr<Child> Spawn(const std::string& self_exe, const std::string& config_pat
                       std::chrono::seconds timeout) {
   std::vector<std::string> args = {self_exe,
                                    "--log-level",
-                                   spdlog::level::to_string_view(spdlog::get_level()).data(),
+                                   LogLevelName(),
                                    "worker",
                                    "--config",
                                    config_path,
@@ -357,6 +370,7 @@ StatusOr<InferenceServerOptions> ManagerOptions(const ClusterConfig& c,
     };
   }
   o.served_model_name = c.manager.served_model_name;
+  o.chat_template = c.manager.chat_template;
   o.scheduler.max_queue = c.limits.max_queue;
   o.scheduler.batch.max_sequences = c.limits.max_batch;
   o.scheduler.batch.max_batch_tokens = c.limits.max_batch_tokens;
@@ -376,6 +390,14 @@ StatusOr<InferenceServerOptions> ManagerOptions(const ClusterConfig& c,
 }  // namespace
 
 void ApplyClusterOverrides(const ClusterOverrides& ov, ClusterConfig& c) {
+  if (ov.http_port >= 0) c.manager.endpoint.port = ov.http_port;
+  if (!ov.chat_template.empty()) c.manager.chat_template = ov.chat_template;
+  if (ov.any_ports) {
+    c.manager.grpc_port = 0;
+    for (auto& g : c.ssm)
+      for (auto& e : g.replicas) e.port = 0;
+    for (auto& e : c.llm.workers) e.port = 0;
+  }
   if (ov.model.empty()) return;
   for (auto& [name, m] : c.models) {
     m.path = ov.model;

@@ -32,6 +32,11 @@ namespace specinfer {
 struct ClusterOverrides {
   std::string model;      // non-empty: replaces every model's path (e.g. a small model for tests)
   std::string tokenizer;  // with `model`: its tokenizer
+  int http_port = -1;     // >= 0: replaces manager.http_port (0: any free port)
+  // Every worker on any free port and no gRPC frontend (one-machine runs beside other
+  // deployments: tests, benchmarks). Workers are started with their resolved ports.
+  bool any_ports = false;
+  std::string chat_template;  // non-empty: replaces manager.chat_template
 };
 
 // Replaces every model of `config` as `overrides` says.
