@@ -31,6 +31,7 @@ struct RemoteSpeculator::Impl {
     std::unique_ptr<worker::SsmWorker::Stub> stub;
     ReplicaState state = ReplicaState::kDown;  // guarded by mu
     int32_t sessions = 0;                      // guarded by mu
+    int32_t context = 0;                       // guarded by mu: its context length (Info)
     std::string refusal;                       // guarded by mu: why it is refused
     std::string who() const { return label + " " + address; }
   };
@@ -86,10 +87,22 @@ struct RemoteSpeculator::Impl {
       return;
     }
     if (name.empty()) name = info.speculators(0);
+    rep.context = info.context_length();
     rep.state = ReplicaState::kLive;
     if (before != ReplicaState::kLive)
       spdlog::info("{}: registered, speculator {} ({}, {} sessions max)", rep.who(), name,
                    info.model_shape(), info.max_sessions());
+  }
+
+  // Health of a live replica: one that does not answer is marked down before a request's
+  // Speculate call has to find out.
+  void CheckHealth(size_t r) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Clock::now() + std::min(o.rpc_timeout, std::chrono::milliseconds(2000)));
+    worker::HealthRequest req;
+    worker::HealthResponse resp;
+    const grpc::Status s = replicas[r]->stub->Health(&ctx, req, &resp);
+    if (!s.ok()) MarkDown(r, "health check failed (" + GrpcError(s) + ")");
   }
 
   void MarkDown(size_t r, const std::string& why) {
@@ -117,6 +130,11 @@ struct RemoteSpeculator::Impl {
     std::lock_guard<std::mutex> lock(mu);
     --replicas[static_cast<size_t>(r)]->sessions;
   }
+  // The context of replica r (a longer sequence is not sent: its draft could not place it).
+  int32_t Context(int r) const {
+    std::lock_guard<std::mutex> lock(mu);
+    return replicas[static_cast<size_t>(r)]->context;
+  }
   bool Live(int r) const {
     std::lock_guard<std::mutex> lock(mu);
     return replicas[static_cast<size_t>(r)]->state == ReplicaState::kLive;
@@ -129,12 +147,13 @@ struct RemoteSpeculator::Impl {
       if (stopping) break;
       lock.unlock();
       for (size_t r = 0; r < replicas.size(); ++r) {
-        bool probe;
+        bool live;
         {
           std::lock_guard<std::mutex> l(mu);
-          probe = replicas[r]->state != ReplicaState::kLive;
+          live = replicas[r]->state == ReplicaState::kLive;
         }
-        if (probe) Probe(r);
+        if (live) CheckHealth(r);
+        else Probe(r);
       }
       lock.lock();
     }
@@ -189,6 +208,8 @@ class RemoteDraftSession final : public DraftSession {
         return TokenTree(root);
       }
       plain_logged_ = false;
+      // Past the worker's context (a draft with a shorter one): nothing to guess there.
+      if (static_cast<int64_t>(n) >= owner_.Context(replica_)) return TokenTree(root);
       auto& rep = *owner_.replicas[static_cast<size_t>(replica_)];
       worker::SpeculateRequest req;
       worker::SpeculateItem* item = req.add_items();

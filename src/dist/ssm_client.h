@@ -12,7 +12,8 @@
 // committed tokens in full; with no live replica the step's tree is the root alone (plain
 // decoding). Greedy output stays identical because the LLM verifies every tree exactly. A
 // background thread re-probes down and refused replicas with Info every probe_interval and
-// brings them back when they answer (and still match).
+// brings them back when they answer (and still match); live ones get a Health call then, and
+// one that does not answer is marked down before a request has to find out.
 //
 // Per step each session makes one Speculate RPC (the engine drafts a sequence's speculators one
 // after another, so the RPCs of one step are sequential, not overlapped).

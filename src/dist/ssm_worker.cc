@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 
@@ -51,9 +52,10 @@ class SsmWorkerService final : public worker::SsmWorker::Service {
 
   grpc::Status Health(grpc::ServerContext*, const worker::HealthRequest*,
                       worker::HealthResponse* out) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    out->set_state(draining_ ? worker::HealthResponse::DRAINING : worker::HealthResponse::SERVING);
-    out->set_sessions(static_cast<int32_t>(sessions_.size()));
+    // Without the lock: a long Speculate call must not make the worker look dead.
+    out->set_state(draining_.load() ? worker::HealthResponse::DRAINING
+                                    : worker::HealthResponse::SERVING);
+    out->set_sessions(num_sessions_.load());
     return grpc::Status::OK;
   }
 
@@ -133,6 +135,7 @@ class SsmWorkerService final : public worker::SsmWorker::Service {
       result->set_outcome(worker::SpeculateResult::OK);
       TreeToProto(*tree, result->mutable_tree());
     }
+    num_sessions_ = static_cast<int32_t>(sessions_.size());
     return grpc::Status::OK;
   }
 
@@ -142,6 +145,7 @@ class SsmWorkerService final : public worker::SsmWorker::Service {
       return ToGrpc(InvalidArgumentError("too many sessions in one Release"));
     std::lock_guard<std::mutex> lock(mu_);
     for (const std::string& key : req->sessions()) sessions_.erase(key);
+    num_sessions_ = static_cast<int32_t>(sessions_.size());
     return grpc::Status::OK;
   }
 
@@ -184,7 +188,8 @@ class SsmWorkerService final : public worker::SsmWorker::Service {
 
   std::mutex mu_;
   std::map<std::string, Session> sessions_;  // guarded by mu_
-  bool draining_ = false;                    // guarded by mu_
+  std::atomic<int32_t> num_sessions_{0};     // sessions_.size() after the last change
+  std::atomic<bool> draining_{false};
 };
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <thread>
 
 #include "dist/model_identity.h"
 #include "dist/ssm_client.h"
@@ -410,6 +411,11 @@ TEST(RemoteSpeculator, ReplicaThatComesBackIsReprobedAndUsedAgain) {
 
   (*w0)->Shutdown();
   w0->reset();
+  // The probe thread's health check notices before any request does.
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while ((*remote)->live_replicas() == 1 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ((*remote)->live_replicas(), 0) << "a dead live replica is found by its health check";
   auto t2 = (*session)->Propose(ctx);
   ASSERT_TRUE(t2.ok()) << "a dead replica never fails the step";
   EXPECT_EQ(t2->size(), 1) << "no live replica: the root alone";
