@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <future>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -168,6 +169,7 @@ class RemoteDraftSession final : public DraftSession {
       : owner_(owner), key_(std::move(key)) {}
 
   ~RemoteDraftSession() override {
+    if (pending_) pending_->done_future.wait();  // the call owns its buffers until it ends
     if (replica_ < 0) return;
     if (owner_.Live(replica_)) {
       // Frees the worker's KV entries now (the worker would reclaim them when idle anyway).
@@ -185,92 +187,182 @@ class RemoteDraftSession final : public DraftSession {
     owner_.Unpin(replica_);
   }
 
+  // Sends this step's Speculate call without waiting, so the calls of every sequence in a step
+  // (and the replicas serving them) overlap; Propose collects the answer.
+  void Begin(const DraftContext& ctx) override {
+    DropPending();
+    const int32_t max_depth = std::min(ctx.max_depth, ctx.shape->depth());
+    if (max_depth <= 0) return;
+    const uint64_t seed = ctx.sampling->greedy() ? 0 : DrawSpeculationSeed(*ctx.rng);
+    if (!Ready(ctx.tokens.size())) {
+      pending_seed_ = seed;  // Propose decodes plainly or retries with the same seed
+      has_seed_ = true;
+      return;
+    }
+    auto call = std::make_shared<Call>();
+    call->n = ctx.tokens.size();
+    call->seed = seed;
+    call->replica = replica_;
+    BuildRequest(ctx, max_depth, seed, &call->req);
+    call->ctx.set_deadline(Clock::now() + owner_.o.rpc_timeout);
+    call->done_future = call->done.get_future().share();
+    auto& rep = *owner_.replicas[static_cast<size_t>(replica_)];
+    rep.stub->async()->Speculate(&call->ctx, &call->req, &call->resp,
+                                 [call](grpc::Status status) {
+                                   call->status = std::move(status);
+                                   call->done.set_value();
+                                 });
+    pending_ = std::move(call);
+  }
+
   StatusOr<TokenTree> Propose(const DraftContext& ctx) override {
     const int32_t root = ctx.tokens.back();
     const int32_t max_depth = std::min(ctx.max_depth, ctx.shape->depth());
-    if (max_depth <= 0) return TokenTree(root);
-    // Sampled expansion draws on the worker from a seed drawn here, from the request's stream.
-    uint64_t seed = 0;
-    if (!ctx.sampling->greedy()) seed = DrawSpeculationSeed(*ctx.rng);
     const size_t n = ctx.tokens.size();
-    // Each replica once at most, plus one resend after a RESYNC.
+    if (max_depth <= 0) {
+      DropPending();
+      return TokenTree(root);
+    }
+    // Sampled expansion draws on the worker from a seed drawn here, from the request's stream
+    // (once per step: in Begin when there was one).
+    uint64_t seed = 0;
+    if (pending_ && pending_->n == n) {
+      seed = pending_->seed;
+      std::shared_ptr<Call> call = std::move(pending_);
+      call->done_future.wait();
+      TokenTree tree(root);
+      if (Handle(call->status, call->resp, root, max_depth, n, &tree) == Outcome::kTree)
+        return tree;
+    } else if (has_seed_) {
+      seed = pending_seed_;
+    } else if (!ctx.sampling->greedy()) {
+      seed = DrawSpeculationSeed(*ctx.rng);
+    }
+    DropPending();
+    has_seed_ = false;
+    // Each replica once at most, plus resends after a RESYNC.
     for (size_t attempt = 0; attempt < owner_.replicas.size() + 2; ++attempt) {
-      if (replica_ >= 0 && !owner_.Live(replica_)) Switch();
-      if (replica_ < 0) {
-        replica_ = owner_.Pick();
-        held_ = 0;
-      }
-      if (replica_ < 0) {
-        if (!plain_logged_)
-          spdlog::warn("speculator {}: no live replica for session '{}'; plain decoding",
-                       owner_.name, key_);
-        plain_logged_ = true;
-        return TokenTree(root);
-      }
-      plain_logged_ = false;
-      // Past the worker's context (a draft with a shorter one): nothing to guess there.
-      if (static_cast<int64_t>(n) >= owner_.Context(replica_)) return TokenTree(root);
-      auto& rep = *owner_.replicas[static_cast<size_t>(replica_)];
+      if (!Ready(n)) return TokenTree(root);
       worker::SpeculateRequest req;
-      worker::SpeculateItem* item = req.add_items();
-      item->set_session(key_);
-      item->set_speculator(owner_.name);
-      if (held_ > n) held_ = 0;
-      item->set_base(static_cast<uint32_t>(held_));
-      item->mutable_tokens()->Add(ctx.tokens.begin() + static_cast<std::ptrdiff_t>(held_),
-                                  ctx.tokens.end());
-      item->mutable_widths()->Add(ctx.shape->widths.begin(), ctx.shape->widths.end());
-      item->set_max_depth(max_depth);
-      SamplingToProto(*ctx.sampling, item->mutable_sampling());
-      item->set_seed(seed);
-      item->set_speculator_index(ctx.speculator_index);
-
+      BuildRequest(ctx, max_depth, seed, &req);
       grpc::ClientContext cctx;
       cctx.set_deadline(Clock::now() + owner_.o.rpc_timeout);
       worker::SpeculateResponse resp;
-      const grpc::Status s = rep.stub->Speculate(&cctx, req, &resp);
-      if (!s.ok()) {
-        owner_.MarkDown(static_cast<size_t>(replica_), "Speculate failed (" + GrpcError(s) + ")");
-        Switch();
-        continue;
-      }
-      if (resp.results_size() != 1) {
-        owner_.MarkDown(static_cast<size_t>(replica_),
-                        "malformed answer: " + std::to_string(resp.results_size()) +
-                            " results for 1 item");
-        Switch();
-        continue;
-      }
-      const auto& result = resp.results(0);
-      switch (result.outcome()) {
-        case worker::SpeculateResult::OK: {
-          auto tree = TreeFromProto(result.tree(), owner_.o.vocab_size, root, max_depth);
-          if (!tree.ok()) {
-            owner_.MarkDown(static_cast<size_t>(replica_),
-                            "malformed answer (" + tree.status().message() + ")");
-            Switch();
-            continue;
-          }
-          held_ = n;
-          return tree;
-        }
-        case worker::SpeculateResult::RESYNC:
-          held_ = 0;
-          continue;
-        case worker::SpeculateResult::BUSY:
-          // No room there now: this step without it; the next step asks again.
-          held_ = 0;
-          return TokenTree(root);
-        default:
-          owner_.MarkDown(static_cast<size_t>(replica_), "malformed answer (unknown outcome)");
-          Switch();
-          continue;
+      const grpc::Status s =
+          owner_.replicas[static_cast<size_t>(replica_)]->stub->Speculate(&cctx, req, &resp);
+      TokenTree tree(root);
+      switch (Handle(s, resp, root, max_depth, n, &tree)) {
+        case Outcome::kTree: return tree;
+        case Outcome::kPlain: return TokenTree(root);
+        case Outcome::kRetry: continue;
       }
     }
     return TokenTree(root);
   }
 
  private:
+  struct Call {
+    grpc::ClientContext ctx;
+    worker::SpeculateRequest req;
+    worker::SpeculateResponse resp;
+    grpc::Status status;
+    std::promise<void> done;
+    std::shared_future<void> done_future;
+    size_t n = 0;
+    uint64_t seed = 0;
+    int replica = -1;
+  };
+  enum class Outcome { kTree, kPlain, kRetry };
+
+  // Pins the session to a live replica (resending everything after a switch). False when no
+  // replica is live or the sequence is past its context: this step decodes plainly.
+  bool Ready(size_t n) {
+    if (replica_ >= 0 && !owner_.Live(replica_)) Switch();
+    if (replica_ < 0) {
+      replica_ = owner_.Pick();
+      held_ = 0;
+    }
+    if (replica_ < 0) {
+      if (!plain_logged_)
+        spdlog::warn("speculator {}: no live replica for session '{}'; plain decoding",
+                     owner_.name, key_);
+      plain_logged_ = true;
+      return false;
+    }
+    plain_logged_ = false;
+    // Past the worker's context (a draft with a shorter one): nothing to guess there.
+    return static_cast<int64_t>(n) < owner_.Context(replica_);
+  }
+
+  void BuildRequest(const DraftContext& ctx, int32_t max_depth, uint64_t seed,
+                    worker::SpeculateRequest* req) {
+    worker::SpeculateItem* item = req->add_items();
+    item->set_session(key_);
+    item->set_speculator(owner_.name);
+    if (held_ > ctx.tokens.size()) held_ = 0;
+    item->set_base(static_cast<uint32_t>(held_));
+    item->mutable_tokens()->Add(ctx.tokens.begin() + static_cast<std::ptrdiff_t>(held_),
+                                ctx.tokens.end());
+    item->mutable_widths()->Add(ctx.shape->widths.begin(), ctx.shape->widths.end());
+    item->set_max_depth(max_depth);
+    SamplingToProto(*ctx.sampling, item->mutable_sampling());
+    item->set_seed(seed);
+    item->set_speculator_index(ctx.speculator_index);
+  }
+
+  // One answer of the pinned replica: a tree, plain decoding this step, or try again (after a
+  // RESYNC, or on another replica after a failure).
+  Outcome Handle(const grpc::Status& s, const worker::SpeculateResponse& resp, int32_t root,
+                 int32_t max_depth, size_t n, TokenTree* tree) {
+    if (replica_ < 0) return Outcome::kRetry;
+    const size_t r = static_cast<size_t>(replica_);
+    if (!s.ok()) {
+      owner_.MarkDown(r, "Speculate failed (" + GrpcError(s) + ")");
+      Switch();
+      return Outcome::kRetry;
+    }
+    if (resp.results_size() != 1) {
+      owner_.MarkDown(r, "malformed answer: " + std::to_string(resp.results_size()) +
+                             " results for 1 item");
+      Switch();
+      return Outcome::kRetry;
+    }
+    const auto& result = resp.results(0);
+    switch (result.outcome()) {
+      case worker::SpeculateResult::OK: {
+        auto t = TreeFromProto(result.tree(), owner_.o.vocab_size, root, max_depth);
+        if (!t.ok()) {
+          owner_.MarkDown(r, "malformed answer (" + t.status().message() + ")");
+          Switch();
+          return Outcome::kRetry;
+        }
+        held_ = n;
+        *tree = std::move(*t);
+        return Outcome::kTree;
+      }
+      case worker::SpeculateResult::RESYNC:
+        held_ = 0;
+        return Outcome::kRetry;
+      case worker::SpeculateResult::BUSY:
+        // No room there now: this step without it; the next step asks again.
+        held_ = 0;
+        return Outcome::kPlain;
+      default:
+        owner_.MarkDown(r, "malformed answer (unknown outcome)");
+        Switch();
+        return Outcome::kRetry;
+    }
+  }
+
+  // Forgets an answer that will not be used; the worker may have taken its tokens, so the next
+  // call restates the whole sequence.
+  void DropPending() {
+    if (!pending_) return;
+    pending_->done_future.wait();
+    pending_.reset();
+    held_ = 0;
+  }
+
   // Leaves the current replica; the next attempt picks another and resends everything.
   void Switch() {
     owner_.Unpin(replica_);
@@ -283,6 +375,9 @@ class RemoteDraftSession final : public DraftSession {
   int replica_ = -1;
   size_t held_ = 0;  // committed tokens the replica's session holds
   bool plain_logged_ = false;
+  std::shared_ptr<Call> pending_;  // the call Begin sent, not yet collected
+  uint64_t pending_seed_ = 0;      // a seed Begin drew without sending a call
+  bool has_seed_ = false;
 };
 
 }  // namespace
@@ -359,6 +454,13 @@ std::vector<RemoteSpeculator::ReplicaState> RemoteSpeculator::replica_states() c
   std::lock_guard<std::mutex> lock(impl_->mu);
   std::vector<ReplicaState> out;
   for (const auto& r : impl_->replicas) out.push_back(r->state);
+  return out;
+}
+
+std::vector<int32_t> RemoteSpeculator::replica_sessions() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<int32_t> out;
+  for (const auto& r : impl_->replicas) out.push_back(r->sessions);
   return out;
 }
 

@@ -15,8 +15,10 @@
 // brings them back when they answer (and still match); live ones get a Health call then, and
 // one that does not answer is marked down before a request has to find out.
 //
-// Per step each session makes one Speculate RPC (the engine drafts a sequence's speculators one
-// after another, so the RPCs of one step are sequential, not overlapped).
+// Per step each session makes one Speculate RPC. The engine starts every sequence's call at the
+// start of a step (DraftSession::Begin, asynchronous) and collects them while planning the
+// batch, so the calls of a step overlap and the replicas work in parallel; a retry after a
+// failure is synchronous.
 //
 // Thread safety: sessions are used by one thread at a time (the engine's loop); the replica
 // table is shared with the probe thread under a mutex.
@@ -57,6 +59,8 @@ class RemoteSpeculator final : public Speculator {
   StatusOr<std::unique_ptr<DraftSession>> StartSession() override;
 
   std::vector<ReplicaState> replica_states() const;
+  // Sessions pinned to each replica now.
+  std::vector<int32_t> replica_sessions() const;
   int32_t live_replicas() const;
   // Re-probes every replica that is not live now (what the probe thread does periodically).
   void ProbeNow();

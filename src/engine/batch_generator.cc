@@ -81,6 +81,11 @@ void BatchGenerator::Step() {
   }
   if (running_.empty()) return;
 
+  // Speculators that work in the background (remote SSM workers) start every sequence's
+  // proposal at once, so the step's drafts overlap across sequences and replicas.
+  for (auto& e : running_)
+    if (e.run->phase() == SequenceRun::Phase::kDecode) e.run->BeginDraft();
+
   // Plan: every decoding sequence's tree, then prefill chunks in admission order.
   ForwardBatch batch;
   std::vector<std::list<Entry>::iterator> members, decoding;

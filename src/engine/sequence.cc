@@ -121,6 +121,31 @@ Status SequenceRun::PlanPrefill(ForwardBatch& batch, int32_t max_tokens) {
   return Status::Ok();
 }
 
+bool SequenceRun::DraftContextNow(DraftContext* ctx) {
+  if (sessions_.empty()) return false;
+  // No deeper than the tokens still wanted (the pass adds one of its own) and the context.
+  const int32_t max_depth =
+      std::min(max_new_ - static_cast<int32_t>(result_.tokens.size()) - 1,
+               config_.max_seq_len - 1 - committed_);
+  if (max_depth <= 0) return false;
+  ctx->tokens = context_;
+  ctx->shape = &request_.tree_shape;
+  ctx->max_depth = max_depth;
+  ctx->sampling = &request_.sampling;
+  ctx->rng = &rng_;
+  return true;
+}
+
+void SequenceRun::BeginDraft() {
+  if (phase_ != Phase::kDecode) return;
+  DraftContext ctx;
+  if (!DraftContextNow(&ctx)) return;
+  for (size_t s = 0; s < sessions_.size(); ++s) {
+    ctx.speculator_index = static_cast<int32_t>(s);
+    sessions_[s]->Begin(ctx);
+  }
+}
+
 StatusOr<int32_t> SequenceRun::PlanDecode(ForwardBatch& batch) {
   if (phase_ != Phase::kDecode) return FailedPreconditionError("sequence is not decoding");
   if (!decode_started_) {
@@ -131,17 +156,8 @@ StatusOr<int32_t> SequenceRun::PlanDecode(ForwardBatch& batch) {
   // --- draft ---
   const auto d0 = Clock::now();
   tree_ = TokenTree(context_.back());
-  if (!sessions_.empty()) {
-    // No deeper than the tokens still wanted (the pass adds one of its own) and the context.
-    const int32_t max_depth = std::min(max_new_ - static_cast<int32_t>(r.tokens.size()) - 1,
-                                       config_.max_seq_len - 1 - committed_);
-    DraftContext ctx;
-    ctx.tokens = context_;
-    ctx.shape = &request_.tree_shape;
-    ctx.max_depth = max_depth;
-    ctx.sampling = &request_.sampling;
-    ctx.rng = &rng_;
-    for (size_t s = 0; s < sessions_.size() && max_depth > 0; ++s) {
+  if (DraftContext ctx; DraftContextNow(&ctx)) {
+    for (size_t s = 0; s < sessions_.size(); ++s) {
       ctx.speculator_index = static_cast<int32_t>(s);
       SI_ASSIGN_OR_RETURN(TokenTree t, sessions_[s]->Propose(ctx));
       SI_RETURN_IF_ERROR(tree_.Merge(std::move(t)));

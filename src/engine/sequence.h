@@ -65,6 +65,10 @@ class SequenceRun {
   // Adds the next prefill chunk, at most `max_tokens` (> 0) prompt tokens, to `batch`. Phase
   // kPrefill only; moves to kDecode once the prompt but its last token is in.
   Status PlanPrefill(ForwardBatch& batch, int32_t max_tokens);
+  // Lets speculators that work in the background (remote SSM workers, DraftSession::Begin)
+  // start this step's proposals now, so that a batch's drafts overlap; PlanDecode collects them.
+  // Optional; kDecode only (otherwise nothing happens).
+  void BeginDraft();
   // Drafts this step's token tree and adds it to `batch`; returns its size (>= 1). kDecode only.
   StatusOr<int32_t> PlanDecode(ForwardBatch& batch);
   // After the pass that PlanDecode joined: `logits` holds every logits row of that batch
@@ -82,6 +86,9 @@ class SequenceRun {
   GenerateResult& result() { return result_; }
 
  private:
+  // This step's drafting context; false when there is nothing to draft.
+  bool DraftContextNow(DraftContext* ctx);
+
   SequenceRun(GenerateRequest request, TokenCallback on_token, const ModelConfig& config,
               KvCacheManager& kv, SeqId seq);
 

@@ -15,6 +15,7 @@
 #include "dist/ssm_client.h"
 #include "dist/ssm_wire.h"
 #include "dist/ssm_worker.h"
+#include "engine/batch_generator.h"
 #include "engine/engine.h"
 #include "model/loader.h"
 #include "proto/ssm_worker.grpc.pb.h"
@@ -318,8 +319,9 @@ TEST(SsmWorker, WorkerWithAnotherVocabularyIsRefusedAtRegistration) {
 
 // An engine whose only speculator is a RemoteSpeculator over `replicas`.
 std::unique_ptr<Engine> EngineWithRemote(const std::vector<std::string>& replicas,
-                                         RemoteSpeculator** remote) {
+                                         RemoteSpeculator** remote, int32_t max_sequences = 1) {
   EngineOptions o;
+  o.max_sequences = max_sequences;
   o.model_path = testing::Stories260KModel();
   o.tokenizer_path = testing::Stories260KTokenizer();
   o.num_threads = 1;
@@ -388,6 +390,57 @@ TEST(RemoteSpeculator, KillingReplicasMidStreamFallsBackThenDecodesPlainlyWithSa
               static_cast<long long>(result->stats.spec.tree_nodes),
               static_cast<long long>(result->stats.spec.accepted_tokens),
               result->stats.decode_passes);
+}
+
+TEST(RemoteSpeculator, BatchedSequencesSpreadOverReplicasWithOutputsUnchanged) {
+  auto w0 = SsmWorkerServer::Start(WorkerOptions());
+  auto w1 = SsmWorkerServer::Start(WorkerOptions());
+  ASSERT_TRUE(w0.ok() && w1.ok());
+  RemoteSpeculator* remote = nullptr;
+  auto engine = EngineWithRemote({Address(**w0), Address(**w1)}, &remote, 4);
+  ASSERT_TRUE(engine && remote);
+  const std::vector<std::string> prompts = {"Once upon a time", "The cat", "Lily and Tom",
+                                            "One day"};
+  std::vector<GenerateRequest> reqs;
+  std::vector<std::vector<int32_t>> plain;
+  for (const std::string& p : prompts) {
+    GenerateRequest req;
+    req.prompt_tokens = *engine->EncodePrompt(p);
+    req.max_new_tokens = 60;
+    req.sampling.temperature = 0;
+    auto r = engine->Generate(req);
+    ASSERT_TRUE(r.ok());
+    plain.push_back(r->tokens);
+    req.speculators = {remote};
+    req.tree_shape = TreeShape{{1, 2, 1}};
+    reqs.push_back(req);
+  }
+  // Engine::Generate runs one sequence; here four share every step, as in the server.
+  BatchOptions bo;
+  bo.max_sequences = 4;
+  BatchGenerator batch(engine->runner(), engine->kv(), bo);
+  std::vector<std::vector<int32_t>> got(prompts.size());
+  int done = 0;
+  std::vector<int32_t> most(2, 0);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto a = batch.Add(
+        reqs[i], nullptr, [&, i](StatusOr<GenerateResult> r) {
+          ASSERT_TRUE(r.ok()) << r.status().ToString();
+          got[i] = r->tokens;
+          ++done;
+        });
+    ASSERT_TRUE(a.ok());
+    ASSERT_EQ(*a, BatchGenerator::Admission::kAdmitted);
+  }
+  while (!batch.idle()) {
+    batch.Step();
+    const auto now = remote->replica_sessions();
+    for (size_t r = 0; r < 2; ++r) most[r] = std::max(most[r], now[r]);
+  }
+  EXPECT_EQ(done, 4);
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], plain[i]) << prompts[i];
+  EXPECT_EQ(most, (std::vector<int32_t>{2, 2})) << "sessions spread over both replicas";
+  EXPECT_EQ(remote->replica_sessions(), (std::vector<int32_t>{0, 0})) << "all released";
 }
 
 TEST(RemoteSpeculator, ReplicaThatComesBackIsReprobedAndUsedAgain) {
