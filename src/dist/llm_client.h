@@ -105,6 +105,7 @@ class RemoteLlmRunner final : public ModelRunner {
   std::vector<std::unique_ptr<Worker>> workers_;
   uint64_t epoch_ = 0;
   bool broken_ = true;
+  bool joined_ = false;  // a group was formed by this runner (released on destruction)
   std::atomic<uint64_t> kv_epoch_{0};
   // Group epoch in which each sequence last had KV written; sequences of older epochs lost it.
   std::unordered_map<SeqId, uint64_t> seq_epoch_;
