@@ -17,6 +17,11 @@
 // DATA_LOSS "KV lost: ..." from Forward/MoveKv instead of silently running on missing entries,
 // while sequences started after the re-formation run normally.
 //
+// Use: the manager keeps the model's config (and tokenizer) itself, drives the runner with a
+// KvCacheManager(num_kv_blocks(), kv_block_size()) and a BatchGenerator, and may call Probe()
+// periodically (e.g. from its health loop) so a returned worker is taken back before the next
+// request arrives.
+//
 // Thread safety: all methods may be called from any thread; calls are serialised internally.
 #pragma once
 
