@@ -121,6 +121,8 @@ TEST(LlmWorkerValidation, MalformedMessagesAreRejectedAndTheWorkerKeepsServing) 
       {"positions and tokens differ", [](auto& r) { r.add_positions(3); }},
       {"negative position", [](auto& r) { r.set_positions(0, -1); }},
       {"logit row out of range", [](auto& r) { r.set_logit_rows(0, 3); }},
+      {"more logits rows than tokens",
+       [](auto& r) { r.add_logit_rows(0), r.add_logit_rows(1), r.add_logit_rows(2); }},
       {"other KV block size", [](auto& r) { r.set_kv_block_size(32); }},
       {"tokens not covered by sequences", [](auto& r) { r.add_tokens(1), r.add_positions(3); }},
   };
