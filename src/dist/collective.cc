@@ -140,7 +140,9 @@ StatusOr<std::unique_ptr<CollectiveGroup>> CollectiveGroup::Form(
   std::unique_ptr<CollectiveGroup> g(new CollectiveGroup());
   g->layout_ = layout;
   g->timeout_ = timeout;
-  const std::string base = "e" + std::to_string(epoch) + "/";
+  std::string base = "e";  // (built step by step: GCC 12 warns falsely on "e" + string)
+  base += std::to_string(epoch);
+  base += '/';
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = hostname;

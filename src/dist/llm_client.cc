@@ -92,6 +92,7 @@ RemoteLlmRunner::RemoteLlmRunner(const LlmGroupOptions& options,
 
 RemoteLlmRunner::~RemoteLlmRunner() {
   std::lock_guard lock(mu_);
+  if (!joined_) return;  // a Connect that failed early leaves the workers as they were
   std::vector<pb::LlmReleaseResponse> resps;
   pb::LlmReleaseRequest req;
   CallAll(workers_, resps, options_.probe_timeout,
@@ -241,6 +242,7 @@ Status RemoteLlmRunner::Reform() {
       return UnavailableError(workers_[i]->Name() + " could not join the group (epoch " +
                               std::to_string(epoch) + "): " + statuses[i].error_message());
   broken_ = false;
+  joined_ = true;
   seq_epoch_.clear();
   return Status::Ok();
 }

@@ -17,6 +17,11 @@
 // DATA_LOSS "KV lost: ..." from Forward/MoveKv instead of silently running on missing entries,
 // while sequences started after the re-formation run normally.
 //
+// Use: the manager keeps the model's config (and tokenizer) itself, drives the runner with a
+// KvCacheManager(num_kv_blocks(), kv_block_size()) and a BatchGenerator, and may call Probe()
+// periodically (e.g. from its health loop) so a returned worker is taken back before the next
+// request arrives.
+//
 // Thread safety: all methods may be called from any thread; calls are serialised internally.
 #pragma once
 
@@ -105,6 +110,7 @@ class RemoteLlmRunner final : public ModelRunner {
   std::vector<std::unique_ptr<Worker>> workers_;
   uint64_t epoch_ = 0;
   bool broken_ = true;
+  bool joined_ = false;  // a group was formed by this runner (released on destruction)
   std::atomic<uint64_t> kv_epoch_{0};
   // Group epoch in which each sequence last had KV written; sequences of older epochs lost it.
   std::unordered_map<SeqId, uint64_t> seq_epoch_;

@@ -29,6 +29,7 @@ namespace pb = ::specinfer::worker;
 constexpr int64_t kMaxBatchTokens = 1 << 16;
 constexpr int64_t kMaxPosition = 1 << 24;
 constexpr int64_t kMaxMoves = 1 << 16;
+constexpr int64_t kMaxLogitsBytes = int64_t{1} << 30;  // one response's logits
 
 grpc::Status ToGrpc(const Status& s) {
   if (s.ok()) return grpc::Status::OK;
@@ -312,8 +313,11 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
     if (req.positions_size() != n)
       return InvalidArgumentError("positions and tokens differ in length");
     if (req.seqs_size() > n) return InvalidArgumentError("more sequences than tokens");
-    if (req.logit_rows_size() > kMaxBatchTokens)
-      return InvalidArgumentError("too many logits rows");
+    if (req.logit_rows_size() > n) return InvalidArgumentError("more logits rows than tokens");
+    if (runner_->last_stage() &&
+        int64_t{req.logit_rows_size()} * runner_->vocab().count * 4 > kMaxLogitsBytes)
+      return InvalidArgumentError("logits of " + std::to_string(req.logit_rows_size()) +
+                                  " rows exceed one response's limit");
     for (int32_t p : req.positions())
       if (p < 0 || p >= kMaxPosition)
         return InvalidArgumentError("position " + std::to_string(p) + " out of range");

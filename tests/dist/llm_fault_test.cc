@@ -121,6 +121,8 @@ TEST(LlmWorkerValidation, MalformedMessagesAreRejectedAndTheWorkerKeepsServing) 
       {"positions and tokens differ", [](auto& r) { r.add_positions(3); }},
       {"negative position", [](auto& r) { r.set_positions(0, -1); }},
       {"logit row out of range", [](auto& r) { r.set_logit_rows(0, 3); }},
+      {"more logits rows than tokens",
+       [](auto& r) { r.add_logit_rows(0), r.add_logit_rows(1), r.add_logit_rows(2); }},
       {"other KV block size", [](auto& r) { r.set_kv_block_size(32); }},
       {"tokens not covered by sequences", [](auto& r) { r.add_tokens(1), r.add_positions(3); }},
   };
@@ -168,6 +170,37 @@ TEST(LlmWorkerValidation, MalformedMessagesAreRejectedAndTheWorkerKeepsServing) 
   const auto got = testing::RunScenario(**remote, kv);
   EXPECT_EQ(got, want);
   EXPECT_EQ((*remote)->epoch(), epoch);  // never re-formed
+}
+
+// A peer that never enters the collective (it got no Forward): the waiting worker gives up after
+// the group's collective timeout (ABORTED), leaves the group, and accepts the next Join.
+TEST(LlmWorkerFaults, CollectiveWithAnAbsentPeerTimesOutAndTheWorkerRejoins) {
+  const Stories st = LoadStories();
+  auto group = testing::StartLlmGroup(st.model, st.fingerprint, 2, 1);
+  ASSERT_TRUE(group);
+  auto remote = RemoteLlmRunner::Connect(group->GroupOptions(), st.model, st.fingerprint);
+  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+  auto stub = pb::LlmWorker::NewStub(
+      grpc::CreateChannel(group->addresses[0], grpc::InsecureChannelCredentials()));
+  const auto t0 = Clock::now();
+  grpc::ClientContext ctx;
+  pb::LlmForwardResponse resp;
+  grpc::Status s = stub->Forward(&ctx, ValidRequest((*remote)->epoch()), &resp);
+  const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED) << s.error_message();
+  EXPECT_GE(waited, 2.5);  // the group's collective timeout is 3 s
+  EXPECT_LT(waited, 10.0);
+  grpc::ClientContext hctx;
+  pb::LlmHealthResponse health;
+  ASSERT_TRUE(stub->Health(&hctx, pb::LlmHealthRequest(), &health).ok());
+  EXPECT_FALSE(health.in_group());
+
+  // The manager notices on its next probe, re-forms, and the group computes exactly again.
+  Status probe = (*remote)->Probe();
+  ASSERT_TRUE(probe.ok()) << probe.ToString();
+  auto local = testing::MakeLocalRunner(st.model, (*remote)->num_kv_blocks());
+  KvCacheManager kv((*remote)->num_kv_blocks(), (*remote)->kv_block_size());
+  EXPECT_EQ(testing::RunScenario(**remote, kv), testing::RunScenario(*local.runner, *local.kv));
 }
 
 struct Outcome {

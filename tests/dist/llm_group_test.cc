@@ -16,6 +16,7 @@
 #include "model/loader.h"
 #include "model/random_model.h"
 #include "spec/speculator.h"
+#include "spec/token_tree.h"
 #include "test_util.h"
 
 namespace specinfer {
@@ -228,6 +229,46 @@ TEST(LlmGroupGeneration, GreedyTp2Pp2EqualsLocalEngineWithAndWithoutSpeculation)
               static_cast<long long>(t.passes), double(t.request_bytes) / t.passes,
               double(t.response_bytes) / t.passes, 1e3 * t.worker_compute_seconds / t.passes,
               1e3 * t.worker_collective_seconds / t.passes);
+}
+
+// Workers as the CLI starts them: from the model files, with a shorter context.
+TEST(LlmGroupRegistration, WorkersStartFromModelFiles) {
+  const Stories& st = LoadStories();
+  std::vector<std::unique_ptr<LlmWorkerServer>> workers;
+  LlmGroupOptions g;
+  g.num_stages = 2;
+  for (int32_t stage = 0; stage < 2; ++stage) {
+    LlmWorkerOptions o;
+    o.model_path = testing::Stories260KModel();
+    o.tokenizer_path = testing::Stories260KTokenizer();
+    o.stage = stage;
+    o.num_stages = 2;
+    o.num_threads = 1;
+    o.context_length = 64;
+    o.max_sequences = 2;
+    auto w = LlmWorkerServer::Start(o);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    g.workers.push_back((*w)->address());
+    workers.push_back(std::move(*w));
+  }
+  auto remote = RemoteLlmRunner::Connect(g, st.model, st.fingerprint);
+  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+  EXPECT_EQ((*remote)->num_kv_blocks(), KvBlocksPerSequence(64, 16) * 2);
+  auto local = testing::MakeLocalRunner(st.model, (*remote)->num_kv_blocks());
+  KvCacheManager kv((*remote)->num_kv_blocks(), (*remote)->kv_block_size());
+  ExpectSameLogits(testing::RunScenario(*local.runner, *local.kv),
+                   testing::RunScenario(**remote, kv));
+  // More KV than the workers hold is refused.
+  g.kv_blocks = (*remote)->num_kv_blocks() + 1;
+  EXPECT_EQ(RemoteLlmRunner::Connect(g, st.model, st.fingerprint).status().code(),
+            StatusCode::kInvalidArgument);
+  // ... and leaves the connected group serving.
+  const auto again = testing::RunScenario(**remote, kv);
+  EXPECT_EQ(again, testing::RunScenario(*local.runner, *local.kv));
+  EXPECT_EQ((*remote)->epoch(), 1u);
+  LlmWorkerOptions missing;
+  missing.model_path = "/nonexistent/model.bin";
+  EXPECT_FALSE(LlmWorkerServer::Start(missing).ok());
 }
 
 TEST(LlmGroupRegistration, RefusesAnotherModelVocabularyOrPlace) {
