@@ -101,6 +101,11 @@ class ModelRunner {
 
   // Number of KV blocks this runner's storage was sized for.
   virtual int32_t num_kv_blocks() const = 0;
+
+  // Changes whenever the K/V this runner held may have been lost (a remote worker restarted or
+  // its group failed); 0 for runners whose KV cannot be lost. A sequence that wrote KV under one
+  // value must not continue under another (SequenceRun::CheckKvEpoch).
+  virtual uint64_t kv_epoch() const { return 0; }
 };
 
 }  // namespace specinfer

@@ -9,9 +9,22 @@
 //   bench_serving --model M [--tokenizer T] [--threads 2] [--concurrency 1,8,32]
 //                 [--requests 32] [--max-tokens 64] [--draft ngram] [--tree 1,1,1,1]
 //                 [--workload edit|open] [--chat-template chatml]
+//   bench_serving --cluster CONFIG [--model M [--tokenizer T]] [--specinfer PATH] ...
+//
+// With --cluster the daemon is a distributed deployment started from a cluster config
+// (`specinfer cluster --config CONFIG --any-ports --http-port 0 [--model M]`, the binary beside
+// this one unless --specinfer says otherwise), stopped with SIGTERM at the end; the
+// speculation-on runs then use the deployment's own speculators (its SSM workers) unless --draft
+// is given.
+#include <fcntl.h>
+#include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <filesystem>
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -94,13 +107,57 @@ double Percentile(std::vector<double> v, double p) {
   return v[i];
 }
 
+int RunBenchmark(int port, const std::string& what, const std::vector<int>& concurrency,
+                 int requests, int max_tokens, const std::string& draft, const std::string& tree,
+                 const std::string& workload);
+
+// A `specinfer cluster` child process; its HTTP port from its "listening http=" line.
+struct ClusterChild {
+  pid_t pid = -1;
+  int port = 0;
+};
+
+ClusterChild StartCluster(const std::vector<std::string>& args) {
+  ClusterChild c;
+  int fds[2];
+  if (pipe(fds) != 0) return c;
+  c.pid = fork();
+  if (c.pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    dup2(fds[1], STDOUT_FILENO);
+    close(fds[0]);
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(args[0].c_str(), argv.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  FILE* out = fdopen(fds[0], "r");
+  char line[4096];
+  while (out && std::fgets(line, sizeof line, out)) {
+    std::fputs(line, stderr);
+    const char* http = std::strstr(line, "listening http=");
+    if (http) {
+      const char* colon = std::strchr(http + 15, ':');
+      if (colon) c.port = std::atoi(colon + 1);
+      break;
+    }
+  }
+  // The child writes nothing more on its standard output; keep the pipe open until it exits.
+  return c;
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{"specinfer serving load benchmark"};
   std::string model, tokenizer, draft = "ngram", tree = "1,1,1,1", workload = "edit",
       chat_template;
   int threads = 2, requests = 32, max_tokens = 64;
   std::vector<int> concurrency = {1, 8, 32};
-  app.add_option("-m,--model", model, "Model file")->required();
+  std::string cluster, specinfer_bin;
+  app.add_option("-m,--model", model, "Model file (with --cluster: replaces the config's)");
+  app.add_option("--cluster", cluster, "Benchmark a deployment started from this cluster config");
+  app.add_option("--specinfer", specinfer_bin, "The specinfer binary (default: beside this one)");
   app.add_option("--tokenizer", tokenizer, "Tokenizer file (llama2.c)");
   app.add_option("--chat-template", chat_template,
                  "For models without one of their own: chatml, llama2 or llama3");
@@ -110,14 +167,49 @@ int Main(int argc, char** argv) {
   app.add_option("--requests", requests, "Requests per setting (at least the concurrency)")
       ->check(CLI::Range(1, 100000));
   app.add_option("--max-tokens", max_tokens, "Tokens per request")->check(CLI::Range(1, 4096));
-  app.add_option("--draft", draft, "Speculator of the speculation-on runs");
+  CLI::Option* draft_opt =
+      app.add_option("--draft", draft, "Speculator of the speculation-on runs");
   app.add_option("--tree", tree, "Token-tree shape of the speculation-on runs");
   app.add_option("--workload", workload, "edit (repeat a given text) or open (free writing)")
       ->check(CLI::IsMember({"edit", "open"}));
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);
+  if (model.empty() && cluster.empty()) {
+    std::fprintf(stderr, "error: --model or --cluster is required\n");
+    return 1;
+  }
 
   const int max_c = *std::max_element(concurrency.begin(), concurrency.end());
+  if (!cluster.empty()) {
+    if (specinfer_bin.empty()) {
+      std::error_code ec;
+      specinfer_bin =
+          (std::filesystem::read_symlink("/proc/self/exe", ec).parent_path() / "specinfer").string();
+    }
+    std::vector<std::string> args = {specinfer_bin, "cluster", "--config", cluster, "--any-ports",
+                                     "--http-port", "0"};
+    if (!model.empty()) {
+      args.insert(args.end(), {"--model", model});
+      if (!tokenizer.empty()) args.insert(args.end(), {"--tokenizer", tokenizer});
+    }
+    if (!chat_template.empty()) args.insert(args.end(), {"--chat-template", chat_template});
+    ClusterChild child = StartCluster(args);
+    if (child.port == 0) {
+      std::fprintf(stderr, "error: the cluster did not start\n");
+      if (child.pid > 0) {
+        kill(child.pid, SIGKILL);
+        waitpid(child.pid, nullptr, 0);
+      }
+      return 1;
+    }
+    if (draft_opt->count() == 0) draft.clear();  // the deployment's speculators
+    const int rc = RunBenchmark(child.port, "cluster " + cluster + (model.empty() ? "" : " (model " + model + ")"),
+                                concurrency, requests, max_tokens, draft, tree, workload);
+    kill(child.pid, SIGTERM);
+    int status = 0;
+    waitpid(child.pid, &status, 0);
+    return rc;
+  }
   InferenceServerOptions o;
   o.engine.model_path = model;
   o.engine.tokenizer_path = tokenizer;
@@ -135,7 +227,16 @@ int Main(int argc, char** argv) {
     return 1;
   }
   std::unique_ptr<InferenceServer> server = std::move(server_or).value();
-  const int port = server->http_port();
+  const int rc = RunBenchmark(server->http_port(),
+                              "model " + model + ", " + std::to_string(threads) + " threads",
+                              concurrency, requests, max_tokens, draft, tree, workload);
+  server->Shutdown();
+  return rc;
+}
+
+int RunBenchmark(int port, const std::string& what, const std::vector<int>& concurrency,
+                 int requests, int max_tokens, const std::string& draft, const std::string& tree,
+                 const std::string& workload) {
 
   std::vector<int> tree_widths;
   for (size_t p = 0, q; p < tree.size(); p = q + 1) {
@@ -153,13 +254,16 @@ int Main(int argc, char** argv) {
               {"temperature", 0},
               {"stream", true},
               {"stream_options", {{"include_usage", true}}}};
-    if (speculate)
-      b["speculation"] = {{"enabled", true}, {"draft", {draft}}, {"tree", tree_widths}};
+    if (speculate) {
+      b["speculation"] = {{"enabled", true}, {"tree", tree_widths}};
+      if (!draft.empty()) b["speculation"]["draft"] = {draft};
+    }
     return b;
   };
 
-  std::printf("model %s, %d threads, workload %s, %d tokens per request, draft %s tree %s\n",
-              model.c_str(), threads, workload.c_str(), max_tokens, draft.c_str(), tree.c_str());
+  std::printf("%s, workload %s, %d tokens per request, draft %s tree %s\n", what.c_str(),
+              workload.c_str(), max_tokens, draft.empty() ? "(the server's)" : draft.c_str(),
+              tree.c_str());
   std::printf("%-5s %-11s %8s %9s %9s %9s %9s %9s %9s %9s\n", "conc", "speculation", "req/s",
               "tok/s", "TTFT p50", "p90", "p99", "TPOT p50", "p90", "p99");
   RunOne(port, body(0, false));  // warm-up (page the weights in)
@@ -210,7 +314,6 @@ int Main(int argc, char** argv) {
               "token\n");
   if (failed) std::printf("FAILED: some requests did not complete\n");
   if (mismatch) std::printf("MISMATCH: speculative text differs from plain text\n");
-  server->Shutdown();
   return failed || mismatch ? 1 : 0;
 }
 

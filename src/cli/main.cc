@@ -4,6 +4,9 @@
 //                      [--temperature T] [--top-k K] [--top-p P] [--seed S] [--json]
 //                      [--chat [--chat-template chatml|llama2|llama3] [--system TEXT]]
 //                      [--draft ngram[:N]|layers:K|model:PATH ...] [--tree 1,1,3,1]
+//   specinfer serve ...                       (cli/serve.h)
+//   specinfer cluster --config FILE [--role all|manager]     (cli/cluster.h: distributed serving)
+//   specinfer worker --config FILE --role ssm|llm --index N
 //
 // Each --draft adds a speculator; their token trees are merged and verified by the model in one
 // pass per step (greedy output is the same as without drafts, sampled output has the same
@@ -27,6 +30,7 @@
 
 #include <unistd.h>
 
+#include "cli/cluster.h"
 #include "cli/serve.h"
 #include "engine/chat_template.h"
 #include "engine/engine.h"
@@ -249,9 +253,15 @@ int main(int argc, char** argv) {
       app.add_subcommand("serve", "Serve the model: OpenAI-compatible HTTP API and gRPC");
   AddServeOptions(serve, serve_args);
 
+  ClusterArgs cluster_args, worker_args;
+  CLI::App* cluster = AddClusterCommand(app, cluster_args);
+  CLI::App* worker = AddWorkerCommand(app, worker_args);
+
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
   if (generate->parsed()) return RunGenerate(gen);
   if (serve->parsed()) return RunServe(serve_args);
+  if (cluster->parsed()) return RunClusterCommand(cluster_args, argv[0]);
+  if (worker->parsed()) return RunWorkerCommand(worker_args);
   return 2;
 }

@@ -41,7 +41,8 @@ StatusOr<BatchGenerator::Admission> BatchGenerator::Add(GenerateRequest request,
   if (num_running() >= options_.max_sequences || reserved_blocks_ + need > kv_.num_blocks())
     return Admission::kNoRoom;
   SI_ASSIGN_OR_RETURN(auto run,
-                      SequenceRun::Start(std::move(request), std::move(on_token), c, kv_));
+                      SequenceRun::Start(std::move(request), std::move(on_token), c, kv_,
+                                         runner_.kv_epoch()));
   reserved_blocks_ += run->max_kv_blocks();
   running_.push_back(Entry{std::move(run), std::move(on_done), std::move(cancelled)});
   return Admission::kAdmitted;
@@ -64,16 +65,26 @@ void BatchGenerator::CancelAll() {
 
 void BatchGenerator::Step() {
   using Clock = std::chrono::steady_clock;
-  // Those that ended outside a step: cancelled by their owner, or asked for no tokens.
+  // Those that ended outside a step: cancelled by their owner, or asked for no tokens; and
+  // those whose KV the runner lost (a remote LLM worker restarted).
+  const uint64_t kv_epoch = runner_.kv_epoch();
   for (auto it = running_.begin(); it != running_.end();) {
     auto next = std::next(it);
     if (it->run->phase() != SequenceRun::Phase::kDone && it->cancelled && it->cancelled())
       it->run->Finish(FinishReason::kCancelled);
-    if (it->run->phase() == SequenceRun::Phase::kDone)
+    if (it->run->phase() == SequenceRun::Phase::kDone) {
       Complete(it, std::move(it->run->result()));
+    } else if (Status lost = it->run->CheckKvEpoch(kv_epoch); !lost.ok()) {
+      Complete(it, lost);
+    }
     it = next;
   }
   if (running_.empty()) return;
+
+  // Speculators that work in the background (remote SSM workers) start every sequence's
+  // proposal at once, so the step's drafts overlap across sequences and replicas.
+  for (auto& e : running_)
+    if (e.run->phase() == SequenceRun::Phase::kDecode) e.run->BeginDraft();
 
   // Plan: every decoding sequence's tree, then prefill chunks in admission order.
   ForwardBatch batch;

@@ -51,8 +51,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
     // was not trained for it.)
     model->set_context_length(o.context_length);
   }
-  model->Prefault(o.load_progress);
-  if (o.dequantize) {
+  const bool local_runner = !o.runner_factory;
+  if (local_runner) model->Prefault(o.load_progress);
+  if (o.dequantize && local_runner) {
     SI_ASSIGN_OR_RETURN(std::unique_ptr<Model> f32, DequantizeToF32(*model));
     model = std::move(f32);
   }
@@ -68,7 +69,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   ro.num_threads = o.num_threads;
   ro.kv_block_size = o.kv_block_size;
   ro.num_kv_blocks = blocks_per_seq * o.max_sequences;
-  if (o.backend == "cpu") {
+  if (local_runner && o.backend == "cpu") {
     SI_ASSIGN_OR_RETURN(auto runner, CpuModelRunner::Create(engine->model_, ro));
     spdlog::info("loaded {} ({}), {} MiB of weights, backend {} with {} threads",
                  o.model_path, c.ToString(), engine->model_->WeightBytes() >> 20, runner->name(),
@@ -76,24 +77,31 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
     engine->pool_ = runner->pool();
     engine->runner_ = std::move(runner);
   } else {
-    auto it = RunnerFactories().find(o.backend);
-    if (it == RunnerFactories().end()) {
-      return o.backend == "cuda"
-                 ? FailedPreconditionError("this build has no CUDA backend (rebuild where the "
-                                           "CUDA toolkit is installed)")
-                 : InvalidArgumentError("unknown backend '" + o.backend +
-                                        "' (expected cpu or cuda)");
+    if (!local_runner) {
+      SI_ASSIGN_OR_RETURN(engine->runner_,
+                          o.runner_factory(engine->model_, *engine->tokenizer_, ro.num_kv_blocks));
+      if (!engine->runner_) return InternalError("the runner factory returned no runner");
+      spdlog::info("model {} ({}) runs on {}", o.model_path, c.ToString(), engine->runner_->name());
+    } else {
+      auto it = RunnerFactories().find(o.backend);
+      if (it == RunnerFactories().end()) {
+        return o.backend == "cuda"
+                   ? FailedPreconditionError("this build has no CUDA backend (rebuild where the "
+                                             "CUDA toolkit is installed)")
+                   : InvalidArgumentError("unknown backend '" + o.backend +
+                                          "' (expected cpu or cuda)");
+      }
+      RunnerFactoryOptions fo;
+      fo.num_kv_blocks = ro.num_kv_blocks;
+      fo.kv_block_size = ro.kv_block_size;
+      SI_ASSIGN_OR_RETURN(engine->runner_, it->second(engine->model_, fo));
+      spdlog::info("loaded {} ({}), {} MiB of weights, backend {}", o.model_path, c.ToString(),
+                   engine->model_->WeightBytes() >> 20, engine->runner_->name());
+      // Draft models run on the CPU, on threads of their own.
+      engine->pool_ = std::make_shared<ThreadPool>(
+          o.num_threads > 0 ? o.num_threads
+                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
     }
-    RunnerFactoryOptions fo;
-    fo.num_kv_blocks = ro.num_kv_blocks;
-    fo.kv_block_size = ro.kv_block_size;
-    SI_ASSIGN_OR_RETURN(engine->runner_, it->second(engine->model_, fo));
-    spdlog::info("loaded {} ({}), {} MiB of weights, backend {}", o.model_path, c.ToString(),
-                 engine->model_->WeightBytes() >> 20, engine->runner_->name());
-    // Draft models run on the CPU, on threads of their own.
-    engine->pool_ = std::make_shared<ThreadPool>(
-        o.num_threads > 0 ? o.num_threads
-                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   }
   engine->max_sequences_ = o.max_sequences;
   engine->kv_block_size_ = o.kv_block_size;
@@ -106,6 +114,17 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   for (const std::string& spec : o.drafts) {
     SI_ASSIGN_OR_RETURN(Speculator * s, engine->AddSpeculator(spec));
     spdlog::info("speculator {} ready", s->name());
+  }
+  if (o.speculator_factory) {
+    SI_ASSIGN_OR_RETURN(auto injected, o.speculator_factory(engine->model_, *engine->tokenizer_));
+    for (auto& s : injected) {
+      if (!s) return InternalError("the speculator factory returned a null speculator");
+      for (const auto& have : engine->speculators_)
+        if (have->name() == s->name())
+          return InvalidArgumentError("two speculators named '" + s->name() + "'");
+      spdlog::info("speculator {} ready", s->name());
+      engine->speculators_.push_back(std::move(s));
+    }
   }
   return engine;
 }

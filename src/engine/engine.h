@@ -36,6 +36,20 @@ struct EngineOptions {
   // Where the model runs: "cpu", or "cuda" (builds with the CUDA backend, which registers it;
   // see RegisterRunnerFactory). Draft models always run on the CPU.
   std::string backend = "cpu";
+
+  // Distributed serving (src/dist/). Builds the LLM's runner in place of the local CPU one, e.g.
+  // a client of remote LLM workers, from the loaded model (its configuration; the weights are
+  // then not paged in here, nor dequantized), the tokenizer and the number of KV blocks of the
+XX
+  std::function<StatusOr<std::unique_ptr<ModelRunner>>(
+      std::shared_ptr<const Model> model, const Tokenizer& tokenizer, int32_t num_kv_blocks)>
+      runner_factory;
+  // Builds more speculators once the model and tokenizer are loaded, e.g. RemoteSpeculator over
+  // SSM workers. They join after `drafts`, found by name() like them (a name equal to a spec
+  // string of `drafts` is refused). Null: none.
+  std::function<StatusOr<std::vector<std::unique_ptr<Speculator>>>(
+      std::shared_ptr<const Model> model, const Tokenizer& tokenizer)>
+      speculator_factory;
 };
 
 // Creating the runner of a backend other than the CPU's. A backend library registers its factory

@@ -27,7 +27,8 @@ const char* FinishReasonName(FinishReason r) {
 StatusOr<std::unique_ptr<SequenceRun>> SequenceRun::Start(GenerateRequest req,
                                                           TokenCallback on_token,
                                                           const ModelConfig& c,
-                                                          KvCacheManager& kv) {
+                                                          KvCacheManager& kv,
+                                                          uint64_t kv_epoch) {
   if (req.prompt_tokens.empty()) return InvalidArgumentError("empty prompt (BOS counts)");
   for (int32_t t : req.prompt_tokens)
     if (t < 0 || t >= c.vocab_size)
@@ -50,6 +51,7 @@ StatusOr<std::unique_ptr<SequenceRun>> SequenceRun::Start(GenerateRequest req,
   }
   const SeqId seq = kv.AddSequence();
   std::unique_ptr<SequenceRun> run(new SequenceRun(std::move(req), std::move(on_token), c, kv, seq));
+  run->kv_epoch_ = kv_epoch;
   for (Speculator* s : run->request_.speculators) {
     auto session = s->StartSession();
     if (!session.ok()) {
@@ -119,6 +121,31 @@ Status SequenceRun::PlanPrefill(ForwardBatch& batch, int32_t max_tokens) {
   return Status::Ok();
 }
 
+bool SequenceRun::DraftContextNow(DraftContext* ctx) {
+  if (sessions_.empty()) return false;
+  // No deeper than the tokens still wanted (the pass adds one of its own) and the context.
+  const int32_t max_depth =
+      std::min(max_new_ - static_cast<int32_t>(result_.tokens.size()) - 1,
+               config_.max_seq_len - 1 - committed_);
+  if (max_depth <= 0) return false;
+  ctx->tokens = context_;
+  ctx->shape = &request_.tree_shape;
+  ctx->max_depth = max_depth;
+  ctx->sampling = &request_.sampling;
+  ctx->rng = &rng_;
+  return true;
+}
+
+void SequenceRun::BeginDraft() {
+  if (phase_ != Phase::kDecode) return;
+  DraftContext ctx;
+  if (!DraftContextNow(&ctx)) return;
+  for (size_t s = 0; s < sessions_.size(); ++s) {
+    ctx.speculator_index = static_cast<int32_t>(s);
+    sessions_[s]->Begin(ctx);
+  }
+}
+
 StatusOr<int32_t> SequenceRun::PlanDecode(ForwardBatch& batch) {
   if (phase_ != Phase::kDecode) return FailedPreconditionError("sequence is not decoding");
   if (!decode_started_) {
@@ -129,17 +156,8 @@ StatusOr<int32_t> SequenceRun::PlanDecode(ForwardBatch& batch) {
   // --- draft ---
   const auto d0 = Clock::now();
   tree_ = TokenTree(context_.back());
-  if (!sessions_.empty()) {
-    // No deeper than the tokens still wanted (the pass adds one of its own) and the context.
-    const int32_t max_depth = std::min(max_new_ - static_cast<int32_t>(r.tokens.size()) - 1,
-                                       config_.max_seq_len - 1 - committed_);
-    DraftContext ctx;
-    ctx.tokens = context_;
-    ctx.shape = &request_.tree_shape;
-    ctx.max_depth = max_depth;
-    ctx.sampling = &request_.sampling;
-    ctx.rng = &rng_;
-    for (size_t s = 0; s < sessions_.size() && max_depth > 0; ++s) {
+  if (DraftContext ctx; DraftContextNow(&ctx)) {
+    for (size_t s = 0; s < sessions_.size(); ++s) {
       ctx.speculator_index = static_cast<int32_t>(s);
       SI_ASSIGN_OR_RETURN(TokenTree t, sessions_[s]->Propose(ctx));
       SI_RETURN_IF_ERROR(tree_.Merge(std::move(t)));
@@ -237,6 +255,16 @@ Status SequenceRun::Commit(std::span<const float> all_logits, ModelRunner& runne
     if (phase_ == Phase::kDone) break;
   }
   return Status::Ok();
+}
+
+Status SequenceRun::CheckKvEpoch(uint64_t current) {
+  if (current == kv_epoch_) return Status::Ok();
+  if (kv_.Length(seq_) == 0) {  // nothing written yet: nothing lost
+    kv_epoch_ = current;
+    return Status::Ok();
+  }
+  return DataLossError("KV lost: the LLM's KV entries of this sequence are gone (an LLM worker "
+                       "restarted or its group failed); the request must start over");
 }
 
 void SequenceRun::Finish(FinishReason reason) {

@@ -43,10 +43,11 @@ class SequenceRun {
   // shape; OutOfRange if the prompt does not fit the model's context (the number of new tokens
   // is clamped to the context that remains). A speculator without room for another session
   // (ResourceExhausted) is left out of this sequence rather than failing it.
+  // `kv_epoch`: the runner's ModelRunner::kv_epoch() now.
   static StatusOr<std::unique_ptr<SequenceRun>> Start(GenerateRequest request,
                                                       TokenCallback on_token,
                                                       const ModelConfig& config,
-                                                      KvCacheManager& kv);
+                                                      KvCacheManager& kv, uint64_t kv_epoch = 0);
   ~SequenceRun();  // frees the sequence's KV blocks
 
   // KV blocks of `block_size` positions that a sequence for `request` may hold at its largest
@@ -64,11 +65,18 @@ class SequenceRun {
   // Adds the next prefill chunk, at most `max_tokens` (> 0) prompt tokens, to `batch`. Phase
   // kPrefill only; moves to kDecode once the prompt but its last token is in.
   Status PlanPrefill(ForwardBatch& batch, int32_t max_tokens);
+  // Lets speculators that work in the background (remote SSM workers, DraftSession::Begin)
+  // start this step's proposals now, so that a batch's drafts overlap; PlanDecode collects them.
+  // Optional; kDecode only (otherwise nothing happens).
+  void BeginDraft();
   // Drafts this step's token tree and adds it to `batch`; returns its size (>= 1). kDecode only.
   StatusOr<int32_t> PlanDecode(ForwardBatch& batch);
   // After the pass that PlanDecode joined: `logits` holds every logits row of that batch
   // ([batch.logit_rows.size(), vocab]). Verifies, commits, emits; may finish the sequence.
   Status Commit(std::span<const float> logits, ModelRunner& runner);
+  // Before planning a pass: DataLoss ("KV lost: ...") if the sequence wrote KV entries under
+  // another runner kv_epoch than `current` (they are gone); a sequence with no KV yet adopts it.
+  Status CheckKvEpoch(uint64_t current);
   // Ends the sequence now with `reason` (e.g. kCancelled).
   void Finish(FinishReason reason);
 
@@ -78,6 +86,9 @@ class SequenceRun {
   GenerateResult& result() { return result_; }
 
  private:
+  // This step's drafting context; false when there is nothing to draft.
+  bool DraftContextNow(DraftContext* ctx);
+
   SequenceRun(GenerateRequest request, TokenCallback on_token, const ModelConfig& config,
               KvCacheManager& kv, SeqId seq);
 
@@ -92,6 +103,7 @@ class SequenceRun {
   int32_t prefill_end_ = 0;  // prompt tokens prefilled before decoding: all but the last
   int32_t prefilled_ = 0;
   int32_t committed_ = 0;    // KV entries [0, committed_) are final
+  uint64_t kv_epoch_ = 0;    // runner's kv_epoch() its KV entries were written under
   std::vector<int32_t> context_;  // prompt + generated; its last token is the next tree's root
   std::vector<Speculator*> speculators_;  // those with a session, in the request's order
   std::vector<std::unique_ptr<DraftSession>> sessions_;

@@ -47,6 +47,10 @@ class DraftSession {
   virtual ~DraftSession() = default;
   // A tree rooted at ctx.tokens.back(); a tree of the root alone when there is nothing to guess.
   virtual StatusOr<TokenTree> Propose(const DraftContext& ctx) = 0;
+  // Optional: starts this step's proposal for `ctx` in the background (a remote SSM worker's
+  // RPC), so that the drafts of every sequence in a step overlap; the Propose that follows with
+  // the same context collects it. The default does nothing (Propose does all the work).
+  virtual void Begin(const DraftContext& ctx) {}
 };
 
 class Speculator {

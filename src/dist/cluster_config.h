@@ -1,0 +1,114 @@
+// Cluster configuration files (YAML): what a deployment runs where.
+//
+//   hosts:   {NAME: ADDRESS, ...}            machines by name (default: local: 127.0.0.1)
+//   models:  {NAME: PATH | {path: P, tokenizer: T}, ...}
+//   limits:  {max_batch, max_batch_tokens, max_queue, context, max_body_bytes}
+//   manager: {host, bind, http_port, grpc_port, threads, tree, served_model_name, chat_template,
+//             rpc_timeout_ms, probe_interval_ms, drain_timeout_s}
+//   ssm:     - {spec, model, max_sessions, idle_timeout_s,
+//               replicas: [{host, port, threads}, ...]}       one entry per logical speculator
+//   llm:     {model, placement: in-process | workers, backend: cpu | cuda, tp, pp, threads,
+//             dequantize, workers: [{host, port}, ...]}       tp * pp workers, stage-major
+//   restart_workers: true | false            the one-machine launcher restarts a dead worker
+//
+// Unknown keys are refused (a typo must not silently fall back to a default), as are ports
+// outside [0, 65535] (0: any free port, one-machine deployments only), degrees below 1, a worker
+// list that does not hold tp * pp entries, unknown hosts and models. Relative model paths are
+// relative to the working directory, as on the command line. Errors name the key path, e.g.
+// "configs/x.yaml: ssm[0].replicas[1].port: 70000 is outside [0, 65535]".
+//
+// Thread safety: plain values and pure functions.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "specinfer/status.h"
+
+namespace specinfer {
+
+struct ClusterModel {
+  std::string path;
+  std::string tokenizer;  // "": the model's own
+};
+
+struct ClusterEndpoint {
+  std::string host;     // a name from `hosts`
+  std::string address;  // what it resolves to
+  int32_t port = 0;
+  int32_t threads = 1;  // CPU threads of the process serving it (0: all cores)
+  std::string HostPort() const { return address + ":" + std::to_string(port); }
+};
+
+struct ClusterLimits {
+  int32_t max_batch = 8;           // sequences running at once
+  int32_t max_batch_tokens = 512;  // tokens per LLM pass
+  int32_t max_queue = 64;          // sequences waiting
+  int32_t context = 0;             // 0: the model's own (may only shrink it)
+  int64_t max_body_bytes = 4 << 20;
+};
+
+struct ClusterManager {
+  ClusterEndpoint endpoint;  // host and threads; endpoint.port is the HTTP port
+  std::string bind;          // address the frontends bind ("": the host's address)
+  int32_t grpc_port = 0;     // 0: no gRPC API
+  std::string tree = "1,1,3,1,1,1,1,1";
+  std::string served_model_name;
+  std::string chat_template;  // chatml | llama2 | llama3; "": the model's own
+  int32_t rpc_timeout_ms = 5000;
+  int32_t probe_interval_ms = 1000;
+  int32_t drain_timeout_s = 10;
+};
+
+struct ClusterSsmGroup {
+  std::string spec;   // spec/speculator.h: ngram[:N], layers:K, model:PATH
+  std::string model;  // a name from `models`: the model the workers load (vocabulary, layers)
+  int32_t max_sessions = 0;  // per replica; 0: limits.max_batch
+  int32_t idle_timeout_s = 300;
+  std::vector<ClusterEndpoint> replicas;
+};
+
+struct ClusterLlm {
+  enum class Placement { kInProcess, kWorkers };
+  std::string model;
+  Placement placement = Placement::kInProcess;
+  std::string backend = "cpu";  // cpu | cuda
+  int32_t tp = 1, pp = 1;
+  int32_t threads = 0;          // in-process: the manager's runner; workers: each worker's
+  bool dequantize = false;
+  std::vector<ClusterEndpoint> workers;  // tp * pp, stage-major: (stage s, rank r) at s * tp + r
+};
+
+struct ClusterConfig {
+  std::string source;  // the file it came from (for messages)
+  std::map<std::string, std::string> hosts;
+  std::map<std::string, ClusterModel> models;
+  ClusterLimits limits;
+  ClusterManager manager;
+  std::vector<ClusterSsmGroup> ssm;
+  ClusterLlm llm;
+  bool restart_workers = false;
+
+  const ClusterModel& model(const std::string& name) const { return models.at(name); }
+  // Every port is fixed (none is 0): what a multi-host deployment needs.
+  bool all_ports_fixed() const;
+};
+
+// Parses and validates a configuration; `source` names it in messages. InvalidArgument with the
+// key path for anything wrong (see the file comment).
+StatusOr<ClusterConfig> ParseClusterConfig(const std::string& yaml_text,
+                                           const std::string& source);
+// Reads and parses a file. NotFound if it cannot be read.
+StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path);
+
+// Whether this build has the LLM worker role (tensor- and pipeline-parallel LLM workers).
+inline constexpr bool kClusterHasLlmWorkers = true;
+
+// Whether this build can run the configuration: `backend: cuda` needs a build with CUDA and a
+// CUDA model runner (neither exists for LLM workers yet: refused, saying which); LLM workers
+// (`placement: workers`) need the LLM worker role in this build. FailedPrecondition otherwise.
+Status CheckClusterRunnable(const ClusterConfig& config);
+
+}  // namespace specinfer

@@ -1,0 +1,566 @@
+#include "dist/cluster_launcher.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+#include "dist/llm_client.h"
+#include "dist/llm_worker.h"
+#include "dist/model_identity.h"
+#include "dist/ssm_client.h"
+#include "dist/ssm_worker.h"
+#include "server/inference_server.h"
+
+namespace specinfer {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A worker of the config, flattened: ssm replicas in config order, then llm workers.
+struct WorkerSlot {
+  std::string role;   // "ssm" or "llm"
+  int index = 0;      // within the role
+  std::string label;  // "ssm[1]", "llm[3]"
+  ClusterEndpoint endpoint;
+  size_t group = 0;   // ssm: its group
+};
+
+std::vector<WorkerSlot> WorkerSlots(const ClusterConfig& c) {
+  std::vector<WorkerSlot> out;
+  int n = 0;
+  for (size_t g = 0; g < c.ssm.size(); ++g)
+    for (const ClusterEndpoint& e : c.ssm[g].replicas) {
+      out.push_back({"ssm", n, "ssm[" + std::to_string(n) + "]", e, g});
+      ++n;
+    }
+  if (c.llm.placement == ClusterLlm::Placement::kWorkers)
+    for (size_t i = 0; i < c.llm.workers.size(); ++i)
+      out.push_back({"llm", static_cast<int>(i), "llm[" + std::to_string(i) + "]",
+                     c.llm.workers[i], 0});
+  return out;
+}
+
+sigset_t StopSignals() {
+  sigset_t s;
+  sigemptyset(&s);
+  sigaddset(&s, SIGINT);
+  sigaddset(&s, SIGTERM);
+  return s;
+}
+
+std::string ExitDescription(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status))
+    return "killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
+           strsignal(WTERMSIG(status)) + ")";
+  return "stopped";
+}
+
+// ---- child processes ---------------------------------------------------------------------------
+
+// This process's log level as `--log-level` spells it.
+std::string LogLevelName() {
+  switch (spdlog::get_level()) {
+    case spdlog::level::trace: return "trace";
+    case spdlog::level::debug: return "debug";
+    case spdlog::level::info: return "info";
+    case spdlog::level::warn: return "warn";
+    case spdlog::level::err:
+    case spdlog::level::critical: return "error";
+    default: return "off";
+  }
+}
+
+struct Child {
+  WorkerSlot slot;
+  pid_t pid = -1;
+  int port = 0;  // resolved
+  bool alive = false;
+};
+
+// Starts `self_exe worker ...` for `slot` and waits (up to `timeout`) for its listening line.
+StatusOr<Child> Spawn(const std::string& self_exe, const std::string& config_path,
+                      const WorkerSlot& slot, int port, const ClusterOverrides& ov,
+                      std::chrono::seconds timeout) {
+  std::vector<std::string> args = {self_exe,
+                                   "--log-level",
+                                   LogLevelName(),
+                                   "worker",
+                                   "--config",
+                                   config_path,
+                                   "--role",
+                                   slot.role,
+                                   "--index",
+                                   std::to_string(slot.index),
+                                   "--port",
+                                   std::to_string(port)};
+  if (!ov.model.empty()) {
+    args.push_back("--model");
+    args.push_back(ov.model);
+    if (!ov.tokenizer.empty()) {
+      args.push_back("--tokenizer");
+      args.push_back(ov.tokenizer);
+    }
+  }
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return InternalError("pipe failed");
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return InternalError("fork failed");
+  }
+  if (pid == 0) {
+    // Child: dies with the launcher, takes the stop signals again, writes its line to the pipe.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);
+    // Its own process group: a Ctrl-C at the terminal reaches the launcher only, which stops
+    // the workers in order (after draining them).
+    setpgid(0, 0);
+    sigset_t s = StopSignals();
+    pthread_sigmask(SIG_UNBLOCK, &s, nullptr);
+    dup2(fds[1], STDOUT_FILENO);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(self_exe.c_str(), argv.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  Child child{slot, pid, 0, true};
+  std::string line;
+  const auto deadline = Clock::now() + timeout;
+  Status error;
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      error = UnavailableError(slot.label + ": not listening after " +
+                                    std::to_string(timeout.count()) + " s");
+      break;
+    }
+    pollfd p{fds[0], POLLIN, 0};
+    const int r = poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
+    if (r < 0 && errno != EINTR) {
+      error = InternalError("poll failed");
+      break;
+    }
+    if (r <= 0) continue;
+    char ch;
+    const ssize_t got = read(fds[0], &ch, 1);
+    if (got <= 0) {
+      int status = 0;
+      waitpid(pid, &status, 0);
+      child.alive = false;
+      error = UnavailableError(slot.label + " (pid " + std::to_string(pid) + ") " +
+                               ExitDescription(status) + " before listening");
+      break;
+    }
+    if (ch != '\n') {
+      line += ch;
+      continue;
+    }
+    // "worker LABEL listening ADDRESS:PORT pid=PID"
+    const size_t at = line.find(" listening ");
+    const size_t colon = line.rfind(':', line.find(" pid="));
+    if (at == std::string::npos || colon == std::string::npos) {
+      line.clear();
+      continue;
+    }
+    child.port = std::atoi(line.c_str() + colon + 1);
+    break;
+  }
+  close(fds[0]);
+  if (!error.ok()) {
+    if (child.alive) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+    return error;
+  }
+  return child;
+}
+
+class ChildSet {
+ public:
+  ChildSet(std::string self_exe, std::string config_path, ClusterOverrides ov, bool restart)
+      : self_exe_(std::move(self_exe)),
+        config_path_(std::move(config_path)),
+        ov_(std::move(ov)),
+        restart_(restart) {}
+  ~ChildSet() { StopAll(std::chrono::seconds(5)); }
+
+  Status Start(const std::vector<WorkerSlot>& slots) {
+    for (const WorkerSlot& slot : slots) {
+      SI_ASSIGN_OR_RETURN(Child c, Spawn(self_exe_, config_path_, slot, slot.endpoint.port, ov_,
+                                         std::chrono::seconds(300)));
+      spdlog::info("{} {}:{} started (pid {})", slot.label, slot.endpoint.address, c.port, c.pid);
+      std::lock_guard<std::mutex> lock(mu_);
+      children_.push_back(c);
+    }
+    monitor_ = std::thread([this] { Monitor(); });
+    return Status::Ok();
+  }
+
+  std::vector<Child> children() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return children_;
+  }
+
+  // No more restarts or exit reports (the launcher is stopping).
+  void StopMonitoring() {
+    stopping_ = true;
+    if (monitor_.joinable()) monitor_.join();
+  }
+
+  // SIGTERM to every child, SIGKILL to those still alive after `grace`.
+  void StopAll(std::chrono::seconds grace) {
+    StopMonitoring();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Child& c : children_)
+      if (c.alive) kill(c.pid, SIGTERM);
+    const auto deadline = Clock::now() + grace;
+    for (Child& c : children_) {
+      while (c.alive) {
+        int status = 0;
+        const pid_t r = waitpid(c.pid, &status, WNOHANG);
+        if (r == c.pid || r < 0) {
+          c.alive = false;
+          spdlog::info("{} {}:{} (pid {}) stopped: {}", c.slot.label, c.slot.endpoint.address,
+                       c.port, c.pid, ExitDescription(status));
+          break;
+        }
+        if (Clock::now() > deadline) {
+          spdlog::warn("{} (pid {}) did not stop in time; killing it", c.slot.label, c.pid);
+          kill(c.pid, SIGKILL);
+          waitpid(c.pid, nullptr, 0);
+          c.alive = false;
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+  }
+
+ private:
+  void Monitor() {
+    while (!stopping_) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      std::vector<size_t> dead;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (size_t i = 0; i < children_.size(); ++i) {
+          Child& c = children_[i];
+          if (!c.alive) continue;
+          int status = 0;
+          if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
+            c.alive = false;
+            spdlog::error("{} {}:{} (pid {}) {}{}", c.slot.label, c.slot.endpoint.address, c.port,
+                          c.pid, ExitDescription(status),
+                          restart_ ? "; restarting it on the same port" : "");
+            dead.push_back(i);
+          }
+        }
+      }
+      if (!restart_) continue;
+      for (size_t i : dead) {
+        Child old;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          old = children_[i];
+        }
+        for (int attempt = 0; attempt < 20 && !stopping_; ++attempt) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          auto c = Spawn(self_exe_, config_path_, old.slot, old.port, ov_,
+                         std::chrono::seconds(300));
+          if (c.ok()) {
+            spdlog::warn("{} {}:{} restarted (pid {})", old.slot.label, old.slot.endpoint.address,
+                         c->port, c->pid);
+            std::lock_guard<std::mutex> lock(mu_);
+            children_[i] = *c;
+            break;
+          }
+          spdlog::error("{}: restart failed: {}", old.slot.label, c.status().ToString());
+        }
+      }
+    }
+  }
+
+  const std::string self_exe_, config_path_;
+  const ClusterOverrides ov_;
+  const bool restart_;
+  mutable std::mutex mu_;
+  std::vector<Child> children_;  // guarded by mu_
+  std::atomic<bool> stopping_{false};
+  std::thread monitor_;
+};
+
+// ---- the manager ------------------------------------------------------------------------------
+
+// The manager's server options for `c`, whose workers listen at `ssm_addresses` (flattened, in
+// config order) and `llm_addresses`.
+StatusOr<InferenceServerOptions> ManagerOptions(const ClusterConfig& c,
+                                                const std::vector<std::string>& ssm_addresses,
+                                                const std::vector<std::string>& llm_addresses) {
+  InferenceServerOptions o;
+  const ClusterModel& m = c.model(c.llm.model);
+  o.engine.model_path = m.path;
+  o.engine.tokenizer_path = m.tokenizer;
+  o.engine.context_length = c.limits.context;
+  o.engine.max_sequences = c.limits.max_batch;
+  if (c.llm.placement == ClusterLlm::Placement::kInProcess) {
+    o.engine.num_threads = c.llm.threads;
+    o.engine.dequantize = c.llm.dequantize;
+  } else {
+    o.engine.num_threads = c.manager.endpoint.threads;
+    LlmGroupOptions g;
+    g.workers = llm_addresses;
+    g.tp_size = c.llm.tp;
+    g.num_stages = c.llm.pp;
+    o.engine.runner_factory = [g](std::shared_ptr<const Model> model, const Tokenizer& tok,
+                                  int32_t num_kv_blocks)
+        -> StatusOr<std::unique_ptr<ModelRunner>> {
+      LlmGroupOptions opts = g;
+      opts.kv_blocks = num_kv_blocks;
+      SI_ASSIGN_OR_RETURN(auto runner,
+                          RemoteLlmRunner::Connect(opts, std::move(model), VocabFingerprint(tok)));
+      return std::unique_ptr<ModelRunner>(std::move(runner));
+    };
+  }
+  // One RemoteSpeculator per ssm group, named by its spec.
+  std::vector<RemoteSpeculatorOptions> groups;
+  size_t flat = 0;
+  for (const ClusterSsmGroup& g : c.ssm) {
+    RemoteSpeculatorOptions ro;
+    ro.name = g.spec;
+    for (size_t i = 0; i < g.replicas.size(); ++i, ++flat) {
+      ro.replicas.push_back(ssm_addresses.at(flat));
+      ro.labels.push_back("ssm[" + std::to_string(flat) + "]");
+    }
+    ro.rpc_timeout = std::chrono::milliseconds(c.manager.rpc_timeout_ms);
+    ro.probe_interval = std::chrono::milliseconds(c.manager.probe_interval_ms);
+    groups.push_back(std::move(ro));
+  }
+  if (!groups.empty()) {
+    o.engine.speculator_factory = [groups](std::shared_ptr<const Model> model,
+                                           const Tokenizer& tok)
+        -> StatusOr<std::vector<std::unique_ptr<Speculator>>> {
+      std::vector<std::unique_ptr<Speculator>> out;
+      for (RemoteSpeculatorOptions ro : groups) {
+        ro.vocab_size = model->config().vocab_size;
+        ro.vocab_fingerprint = VocabFingerprint(tok);
+        SI_ASSIGN_OR_RETURN(auto s, RemoteSpeculator::Connect(ro));
+        out.push_back(std::move(s));
+      }
+      return out;
+    };
+  }
+  o.served_model_name = c.manager.served_model_name;
+  o.chat_template = c.manager.chat_template;
+  o.scheduler.max_queue = c.limits.max_queue;
+  o.scheduler.batch.max_sequences = c.limits.max_batch;
+  o.scheduler.batch.max_batch_tokens = c.limits.max_batch_tokens;
+  SI_ASSIGN_OR_RETURN(o.scheduler.default_tree, TreeShape::Parse(c.manager.tree));
+  const std::string bind = c.manager.bind.empty() ? c.manager.endpoint.address : c.manager.bind;
+  o.http.host = bind;
+  o.http.port = c.manager.endpoint.port;
+  o.http.max_body_bytes = static_cast<size_t>(c.limits.max_body_bytes);
+  if (const char* key = std::getenv("SPECINFER_API_KEY")) o.http.api_key = key;
+  o.enable_grpc = c.manager.grpc_port != 0;
+  o.grpc.host = bind;
+  o.grpc.port = c.manager.grpc_port;
+  o.grpc.api_key = o.http.api_key;
+  return o;
+}
+
+}  // namespace
+
+void ApplyClusterOverrides(const ClusterOverrides& ov, ClusterConfig& c) {
+  if (ov.http_port >= 0) c.manager.endpoint.port = ov.http_port;
+  if (!ov.chat_template.empty()) c.manager.chat_template = ov.chat_template;
+  if (ov.any_ports) {
+    c.manager.grpc_port = 0;
+    for (auto& g : c.ssm)
+      for (auto& e : g.replicas) e.port = 0;
+    for (auto& e : c.llm.workers) e.port = 0;
+  }
+  if (ov.model.empty()) return;
+  for (auto& [name, m] : c.models) {
+    m.path = ov.model;
+    m.tokenizer = ov.tokenizer;
+  }
+}
+
+int RunClusterWorker(const ClusterConfig& c, const std::string& config_path,
+                     const std::string& role, int index, int port_override,
+                     const ClusterOverrides& ov) {
+  sigset_t stop = StopSignals();
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  ClusterConfig config = c;
+  ApplyClusterOverrides(ov, config);
+  const std::vector<WorkerSlot> slots = WorkerSlots(config);
+  const WorkerSlot* slot = nullptr;
+  for (const WorkerSlot& s : slots)
+    if (s.role == role && s.index == index) slot = &s;
+  if (slot == nullptr) {
+    std::fprintf(stderr, "error: %s has no %s worker %d\n", config_path.c_str(), role.c_str(),
+                 index);
+    return 1;
+  }
+  const int port = port_override >= 0 ? port_override : slot->endpoint.port;
+  if (role == "ssm") {
+    const ClusterSsmGroup& g = config.ssm[slot->group];
+    const ClusterModel& m = config.model(g.model);
+    SsmWorkerOptions o;
+    o.model_path = m.path;
+    o.tokenizer_path = m.tokenizer;
+    o.speculator = g.spec;
+    o.listen = slot->endpoint.address + ":" + std::to_string(port);
+    o.label = slot->label;
+    o.num_threads = slot->endpoint.threads;
+    o.context_length = config.limits.context;
+    o.max_sessions = g.max_sessions;
+    o.idle_timeout = std::chrono::seconds(g.idle_timeout_s);
+    auto server = SsmWorkerServer::Start(o);
+    if (!server.ok()) {
+      std::fprintf(stderr, "error: %s: %s\n", slot->label.c_str(),
+                   server.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("worker %s listening %s:%d pid=%d\n", slot->label.c_str(),
+                slot->endpoint.address.c_str(), (*server)->port(), static_cast<int>(getpid()));
+    std::fflush(stdout);
+    // Nothing more goes to standard output (a launcher may have closed its end of the pipe).
+    if (FILE* devnull = std::freopen("/dev/null", "w", stdout); devnull == nullptr) {
+      spdlog::debug("cannot reopen stdout");
+    }
+    int sig = 0;
+    sigwait(&stop, &sig);
+    spdlog::info("{}: signal {}, stopping", (*server)->label(), sig);
+    (*server)->Shutdown();
+    return 0;
+  }
+  // llm: one (stage, tensor-parallel rank) share of the LLM.
+  const ClusterModel& m = config.model(config.llm.model);
+  LlmWorkerOptions o;
+  o.model_path = m.path;
+  o.tokenizer_path = m.tokenizer;
+  o.listen = slot->endpoint.address + ":" + std::to_string(port);
+  o.stage = index / config.llm.tp;
+  o.num_stages = config.llm.pp;
+  o.tp_rank = index % config.llm.tp;
+  o.tp_size = config.llm.tp;
+  o.num_threads = config.llm.threads;
+  o.context_length = config.limits.context;
+  o.max_sequences = config.limits.max_batch;
+  o.dequantize = config.llm.dequantize;
+  auto server = LlmWorkerServer::Start(o);
+  if (!server.ok()) {
+    std::fprintf(stderr, "error: %s: %s\n", slot->label.c_str(),
+                 server.status().ToString().c_str());
+    return 1;
+  }
+  const std::string who = slot->label + " " + (*server)->address() + " (stage " +
+                          std::to_string(o.stage) + ", rank " + std::to_string(o.tp_rank) + ")";
+  spdlog::info("{}: serving {} layers' share of {}", who, o.num_stages > 1 ? "its stage's" : "all",
+               o.model_path);
+  std::printf("worker %s listening %s:%d pid=%d\n", slot->label.c_str(),
+              slot->endpoint.address.c_str(), (*server)->port(), static_cast<int>(getpid()));
+  std::fflush(stdout);
+  if (FILE* devnull = std::freopen("/dev/null", "w", stdout); devnull == nullptr) {
+    spdlog::debug("cannot reopen stdout");
+  }
+  int sig = 0;
+  sigwait(&stop, &sig);
+  spdlog::info("{}: signal {}, stopping", who, sig);
+  (*server)->Shutdown();
+  return 0;
+}
+
+int RunCluster(const ClusterConfig& c, const std::string& config_path, bool spawn_workers,
+               const ClusterOverrides& ov, const std::string& self_exe) {
+  sigset_t stop = StopSignals();
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  ClusterConfig config = c;
+  ApplyClusterOverrides(ov, config);
+  if (Status s = CheckClusterRunnable(config); !s.ok()) {
+    std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  const std::vector<WorkerSlot> slots = WorkerSlots(config);
+  if (!spawn_workers && !config.all_ports_fixed()) {
+    std::fprintf(stderr,
+                 "error: %s: port 0 (any free port) works only when `specinfer cluster` starts "
+                 "the workers itself; give every worker a port\n",
+                 config_path.c_str());
+    return 1;
+  }
+  std::unique_ptr<ChildSet> children;
+  std::vector<std::string> ssm_addresses, llm_addresses;
+  if (spawn_workers && !slots.empty()) {
+    children = std::make_unique<ChildSet>(self_exe, config_path, ov, config.restart_workers);
+    if (Status s = children->Start(slots); !s.ok()) {
+      std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    for (const Child& ch : children->children()) {
+      const std::string addr = ch.slot.endpoint.address + ":" + std::to_string(ch.port);
+      (ch.slot.role == "ssm" ? ssm_addresses : llm_addresses).push_back(addr);
+      std::printf("worker %s pid=%d address=%s\n", ch.slot.label.c_str(), ch.pid, addr.c_str());
+    }
+  } else {
+    for (const WorkerSlot& s : slots)
+      (s.role == "ssm" ? ssm_addresses : llm_addresses).push_back(s.endpoint.HostPort());
+  }
+  auto options = ManagerOptions(config, ssm_addresses, llm_addresses);
+  if (!options.ok()) {
+    std::fprintf(stderr, "error: %s\n", options.status().ToString().c_str());
+    return 1;
+  }
+  auto server_or = InferenceServer::Start(std::move(*options));
+  if (!server_or.ok()) {
+    std::fprintf(stderr, "error: %s\n", server_or.status().ToString().c_str());
+    return 1;
+  }
+  InferenceServer& server = **server_or;
+  const std::string bind = config.manager.bind.empty() ? config.manager.endpoint.address
+                                                       : config.manager.bind;
+  const std::string grpc =
+      server.grpc_port() ? bind + ":" + std::to_string(server.grpc_port()) : "off";
+  std::printf("listening http=%s:%d grpc=%s model=%s\n", bind.c_str(), server.http_port(),
+              grpc.c_str(), server.model_name().c_str());
+  std::fflush(stdout);
+  spdlog::warn("manager serving '{}' on http://{}:{} (gRPC {}) with {} SSM replica(s), LLM {}",
+               server.model_name(), bind, server.http_port(), grpc, ssm_addresses.size(),
+               config.llm.placement == ClusterLlm::Placement::kInProcess
+                   ? std::string("in-process")
+                   : std::to_string(llm_addresses.size()) + " workers");
+
+  int sig = 0;
+  sigwait(&stop, &sig);
+  spdlog::warn("manager: signal {}: no new requests; cancelling running ones, draining workers",
+               sig);
+  if (children) children->StopMonitoring();
+  server.Shutdown();
+  for (Speculator* s : server.scheduler().engine().speculators())
+    if (auto* remote = dynamic_cast<RemoteSpeculator*>(s)) remote->DrainAll();
+  if (children) children->StopAll(std::chrono::seconds(config.manager.drain_timeout_s));
+  spdlog::warn("manager: stopped");
+  return 0;
+}
+
+}  // namespace specinfer

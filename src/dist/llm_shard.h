@@ -1,0 +1,130 @@
+// One worker's share of an LLM split tensor-parallel (TP) x pipeline-parallel (PP) on CPUs, and
+// its forward pass: the distributed counterpart of CpuModelRunner, with logits BIT-IDENTICAL to
+// it for the same batch (batch-invariant kernels).
+//
+// Why the split is by OUTPUT ROWS everywhere, with all-gathers (not Megatron's all-reduce):
+// the CPU kernels compute every output element as an independent dot product of one weight row
+// with one token's full input (cpu::MatMul with batch_invariant), so a rank that computes a
+// subset of a matrix's rows from the full input gets exactly the values the single-process
+// runner gets for those rows. Megatron's scheme splits wo and w_down by INPUT columns and sums
+// partial products with an all-reduce: that changes the summation order of every output and
+// breaks bit-exactness (greedy output would drift from the single-process engine). So, per layer
+// on a TP group of size T, rank r:
+//   attn_norm(x)                      redundant on every rank (x: [n, dim] on every rank)
+//   q, k, v = rows of wq/wk/wv         its query heads [r*H/T, (r+1)*H/T) and the matching KV
+//                                      heads (GQA: T must divide n_kv_heads, else refused)
+//   rope, KV write, attention          its heads only, against its KV shard
+//   all-gather attention outputs   ->  [n, q_dim]
+//   wo rows [dim share of r]           all-gather -> [n, dim]; residual add (redundant)
+//   ffn_norm                           redundant
+//   w_gate/w_up rows [hidden share]    SwiGLU on its share; all-gather -> [n, hidden]
+//   w_down rows [dim share]            all-gather -> [n, dim]; residual add (redundant)
+// Four all-gathers per layer, each of n * width floats. Pipeline: stage s runs the contiguous
+// layer range SplitEvenly(n_layers, S, s); stage 0 embeds, stages pass x [n, dim] on through
+// Gloo (tp rank r of stage s to tp rank r of stage s+1), the last stage applies the final norm
+// and its vocabulary rows [share of r] of the output matrix: each last-stage rank returns its
+// logits columns, which the request manager assembles (no all-gather of logits).
+// Non-batch-invariant batches (BLAS prefill) are computed correctly but, like BLAS itself, not
+// bit-identically to the single-process runner.
+//
+// KV: each rank stores only its KV heads of its layers: [local layer][slot][kv_dim / T], slots
+// addressed through the block tables the manager sends with every batch.
+//
+// Thread safety: one Forward/MoveKv at a time; uses its own thread pool inside.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/ops.h"
+#include "common/thread_pool.h"
+#include "dist/collective.h"
+#include "model/model.h"
+
+namespace specinfer {
+
+// A contiguous share [begin, begin + count).
+struct ShardRange {
+  int64_t begin = 0, count = 0;
+  int64_t end() const { return begin + count; }
+};
+// Part `index` of `parts` as-even-as-possible shares of [0, total) (the first total % parts
+// shares are one longer).
+ShardRange SplitEvenly(int64_t total, int32_t parts, int32_t index);
+
+// Checks that `config` can be split this way: stages <= layers, tp divides n_kv_heads.
+Status CheckShardable(const ModelConfig& config, const CollectiveLayout& layout);
+
+class CpuShardRunner {
+ public:
+  // `model` holds the full weights (typically a mapped file: only this shard's pages are read).
+  static StatusOr<std::unique_ptr<CpuShardRunner>> Create(std::shared_ptr<const Model> model,
+                                                          const CollectiveLayout& layout,
+                                                          int32_t num_kv_blocks,
+                                                          int32_t kv_block_size,
+                                                          int32_t num_threads);
+
+  const Model& model() const { return *model_; }
+  const CollectiveLayout& layout() const { return layout_; }
+  ShardRange layers() const { return layers_; }
+  ShardRange vocab() const { return vocab_; }  // output rows computed on the last stage
+  bool last_stage() const { return layout_.stage + 1 == layout_.num_stages; }
+  int32_t num_kv_blocks() const { return num_kv_blocks_; }
+  int32_t kv_block_size() const { return kv_block_size_; }
+
+  // Runs this shard's part of the batch. tables[i] is the block table of batch.seqs[i]. The
+  // caller has validated the batch (ForwardBatch::Validate, block ids < num_kv_blocks, tables
+  // long enough for kv_end()). `group` may be null only for a 1 x 1 layout. On the last stage,
+  // `logits` receives [logit_rows, vocab().count]; elsewhere it is left empty.
+  Status Forward(const ForwardBatch& batch, std::span<const std::span<const int32_t>> tables,
+                 CollectiveGroup* group, std::vector<float>* logits);
+
+  // Copies this shard's K/V at positions src[i] to dst[i] of the sequence with `table`, in
+  // order. The caller has validated the positions and block ids.
+  void MoveKv(std::span<const int32_t> table, std::span<const int32_t> src,
+              std::span<const int32_t> dst);
+
+ private:
+  CpuShardRunner() = default;
+  void Attention(const ForwardBatch& batch, std::span<const std::span<const int32_t>> tables,
+                 int32_t local_layer, const float* q, float* out);
+  float* KeyAt(int32_t local_layer, int64_t slot) {
+    return k_cache_.data() + (static_cast<size_t>(local_layer) * kv_slots_ + slot) * kv_dim_;
+  }
+  float* ValueAt(int32_t local_layer, int64_t slot) {
+    return v_cache_.data() + (static_cast<size_t>(local_layer) * kv_slots_ + slot) * kv_dim_;
+  }
+  // All-gathers `local` ([n, shares[tp_rank]]) into `full` ([n, sum(shares)]), token-major.
+  Status Gather(CollectiveGroup* group, const float* local, int64_t n,
+                std::span<const ShardRange> shares, float* full);
+
+  // This rank's rows of one layer's matrices (views into the model's weights).
+  struct LayerShard {
+    WeightMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
+    WeightVector bq, bk, bv;
+  };
+
+  std::shared_ptr<const Model> model_;
+  CollectiveLayout layout_;
+  std::shared_ptr<ThreadPool> pool_;
+  cpu::RopeTable rope_;
+  ShardRange layers_, vocab_;
+  std::vector<ShardRange> heads_;    // per TP rank: query heads
+  std::vector<ShardRange> kv_heads_;  // per TP rank
+  std::vector<ShardRange> q_cols_, dim_rows_, hidden_rows_;  // per TP rank, in floats
+  std::vector<LayerShard> shards_;   // [layers_.count]
+  WeightMatrix output_;              // vocab_ rows of the output matrix
+  int32_t num_kv_blocks_ = 0, kv_block_size_ = 0;
+  int64_t kv_slots_ = 0;
+  int32_t kv_dim_ = 0;               // this rank's KV width: local kv heads * head_dim
+  std::vector<float> k_cache_, v_cache_;  // [local layer, slot, kv_dim_]
+
+  std::vector<float> x_, xb_, q_, k_, v_, att_, att_full_, part_, gate_, up_, ffn_full_,
+      gathered_, final_;
+  std::vector<uint8_t> act_scratch_;
+};
+
+}  // namespace specinfer

@@ -1,0 +1,428 @@
+#include "dist/llm_worker.h"
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <random>
+
+#include "backend/backend.h"
+#include "dist/collective.h"
+#include "dist/llm_shard.h"
+#include "dist/model_identity.h"
+#include "model/dequantize.h"
+#include "model/loader.h"
+#include "proto/llm_worker.grpc.pb.h"
+#include "spec/token_tree.h"
+
+namespace specinfer {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace pb = ::specinfer::worker;
+
+// Bounds on what one request may ask for, whatever the worker's capacity.
+constexpr int64_t kMaxBatchTokens = 1 << 16;
+constexpr int64_t kMaxPosition = 1 << 24;
+constexpr int64_t kMaxMoves = 1 << 16;
+constexpr int64_t kMaxLogitsBytes = int64_t{1} << 30;  // one response's logits
+
+grpc::Status ToGrpc(const Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), s.message());
+}
+
+// Returns the Status of `expr` as a grpc::Status from a handler if it is not OK.
+#define SI_RETURN_GRPC(expr)                 \
+  do {                                       \
+    ::specinfer::Status si_s_ = (expr);      \
+    if (!si_s_.ok()) return ToGrpc(si_s_);   \
+  } while (0)
+
+std::string HostOf(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  std::string host = colon == std::string::npos ? listen : listen.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  return host;
+}
+
+std::string MachineHostname() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  return buf;
+}
+
+// Checks a block table sent over the wire against this worker's capacity and the positions it
+// must cover.
+Status CheckBlockTable(const google::protobuf::RepeatedField<int32_t>& table, int64_t covers,
+                       int32_t num_blocks, int32_t block_size, const std::string& what) {
+  if (table.size() > num_blocks)
+    return InvalidArgumentError(what + ": block table longer than the KV capacity");
+  for (int32_t b : table)
+    if (b < 0 || b >= num_blocks)
+      return InvalidArgumentError(what + ": KV block " + std::to_string(b) + " outside [0, " +
+                                  std::to_string(num_blocks) + ")");
+  if (covers > static_cast<int64_t>(table.size()) * block_size)
+    return InvalidArgumentError(what + ": block table does not cover its " +
+                                std::to_string(covers) + " positions");
+  return Status::Ok();
+}
+
+}  // namespace
+
+class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
+ public:
+  Impl(const LlmWorkerOptions& options, std::unique_ptr<CpuShardRunner> runner,
+       uint64_t fingerprint)
+      : options_(options), runner_(std::move(runner)), fingerprint_(fingerprint) {
+    std::random_device rd;
+    boot_id_ = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+               static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+    if (boot_id_ == 0) boot_id_ = 1;
+    collective_host_ = options.collective_host;
+    if (collective_host_.empty()) {
+      collective_host_ = HostOf(options.listen);
+      if (collective_host_.empty() || collective_host_ == "0.0.0.0" || collective_host_ == "::")
+        collective_host_ = MachineHostname();
+    }
+  }
+
+  Status Listen() {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(this);
+    builder.SetMaxReceiveMessageSize(64 << 20);
+    builder.SetMaxSendMessageSize(-1);
+    server_ = builder.BuildAndStart();
+    if (!server_ || port_ == 0)
+      return UnavailableError("LLM worker cannot listen on " + options_.listen);
+    address_ = HostOf(options_.listen) + ":" + std::to_string(port_);
+    const ShardRange l = runner_->layers();
+    spdlog::info("LLM worker (stage {}/{}, tp {}/{}, layers [{}, {})) serving on {}",
+                 options_.stage, options_.num_stages, options_.tp_rank, options_.tp_size,
+                 l.begin, l.end(), address_);
+    return Status::Ok();
+  }
+
+  void Shutdown() {
+    if (shut_down_.exchange(true)) return;
+    draining_ = true;
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    std::lock_guard lock(mu_);
+    group_.reset();  // peers blocked on us see the connections drop
+    in_group_ = false;
+  }
+  void Wait() { server_->Wait(); }
+  int port() const { return port_; }
+  const std::string& address() const { return address_; }
+
+  // --- service ---
+  grpc::Status Register(grpc::ServerContext*, const pb::LlmRegisterRequest* req,
+                        pb::LlmWorkerInfo* info) override {
+    FillInfo(info);
+    const std::string shape = ModelShapeString(runner_->model().config());
+    if (req->model_shape() != shape)
+      return ToGrpc(FailedPreconditionError("worker serves model \"" + shape +
+                                            "\", the deployment expects \"" + req->model_shape() +
+                                            "\""));
+    if (req->vocab_size() != runner_->model().config().vocab_size ||
+        req->vocab_fingerprint() != fingerprint_)
+      return ToGrpc(FailedPreconditionError(
+          "worker's vocabulary (fingerprint " + std::to_string(fingerprint_) +
+          ") differs from the deployment's (" + std::to_string(req->vocab_fingerprint()) + ")"));
+    if (req->stage() != options_.stage || req->num_stages() != options_.num_stages ||
+        req->tp_rank() != options_.tp_rank || req->tp_size() != options_.tp_size)
+      return ToGrpc(FailedPreconditionError(
+          "worker is stage " + std::to_string(options_.stage) + "/" +
+          std::to_string(options_.num_stages) + ", tp " + std::to_string(options_.tp_rank) + "/" +
+          std::to_string(options_.tp_size) + "; the deployment expects stage " +
+          std::to_string(req->stage()) + "/" + std::to_string(req->num_stages()) + ", tp " +
+          std::to_string(req->tp_rank()) + "/" + std::to_string(req->tp_size())));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Health(grpc::ServerContext*, const pb::LlmHealthRequest*,
+                      pb::LlmHealthResponse* resp) override {
+    resp->set_serving(!draining_);
+    resp->set_draining(draining_);
+    resp->set_boot_id(boot_id_);
+    resp->set_epoch(epoch_);
+    resp->set_in_group(in_group_);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Join(grpc::ServerContext*, const pb::LlmJoinRequest* req,
+                    pb::LlmJoinResponse* resp) override {
+    if (draining_) return ToGrpc(UnavailableError("LLM worker is draining"));
+    if (req->epoch() == 0) return ToGrpc(InvalidArgumentError("join: epoch must be > 0"));
+    if (req->num_stages() != options_.num_stages || req->tp_size() != options_.tp_size ||
+        req->workers_size() != options_.num_stages * options_.tp_size)
+      return ToGrpc(InvalidArgumentError("join: group layout differs from this worker's"));
+    if (req->rendezvous().empty()) return ToGrpc(InvalidArgumentError("join: no rendezvous"));
+    const auto timeout = std::chrono::milliseconds(
+        req->collective_timeout_ms() > 0 ? std::min<uint32_t>(req->collective_timeout_ms(), 600000)
+                                         : 30000);
+    std::lock_guard lock(mu_);
+    group_.reset();
+    in_group_ = false;
+    auto store = MakeGrpcRendezvousStore(req->rendezvous(), timeout);
+    CollectiveLayout layout{options_.stage, options_.num_stages, options_.tp_rank,
+                            options_.tp_size};
+    auto group = CollectiveGroup::Form(*store, collective_host_, layout, req->epoch(), timeout);
+    if (!group.ok()) {
+      spdlog::warn("LLM worker {}: join epoch {} failed: {}", address_, req->epoch(),
+                   group.status().ToString());
+      return ToGrpc(group.status());
+    }
+    group_ = std::move(*group);
+    epoch_ = req->epoch();
+    in_group_ = true;
+    resp->set_epoch(req->epoch());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Forward(grpc::ServerContext*, const pb::LlmForwardRequest* req,
+                       pb::LlmForwardResponse* resp) override {
+    if (draining_) return ToGrpc(UnavailableError("LLM worker is draining"));
+    ForwardBatch batch;
+    std::vector<TreeMask> masks;
+    std::vector<std::span<const int32_t>> tables;
+    Status valid = Parse(*req, batch, masks, tables);
+    if (!valid.ok()) return ToGrpc(valid.WithContext("LLM worker " + address_));
+
+    std::lock_guard lock(mu_);
+    SI_RETURN_GRPC(CheckEpoch(req->epoch()));
+    const auto t0 = Clock::now();
+    std::vector<float> logits;
+    Status s = runner_->Forward(batch, tables, group_.get(), &logits);
+    const double collective = group_ ? group_->TakeSeconds() : 0.0;
+    if (!s.ok()) {
+      if (s.code() == StatusCode::kAborted) {
+        spdlog::warn("LLM worker {}: {}; leaving group epoch {}", address_, s.message(),
+                     epoch_.load());
+        group_.reset();
+        in_group_ = false;
+      }
+      return ToGrpc(s.WithContext("LLM worker " + address_));
+    }
+    resp->set_compute_seconds(std::chrono::duration<double>(Clock::now() - t0).count() -
+                              collective);
+    resp->set_collective_seconds(collective);
+    if (runner_->last_stage()) {
+      resp->set_vocab_begin(static_cast<int32_t>(runner_->vocab().begin));
+      resp->set_vocab_count(static_cast<int32_t>(runner_->vocab().count));
+      resp->set_rows(static_cast<int32_t>(batch.logit_rows.size()));
+      resp->set_logits(reinterpret_cast<const char*>(logits.data()),
+                       logits.size() * sizeof(float));
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status MoveKv(grpc::ServerContext*, const pb::LlmMoveKvRequest* req,
+                      pb::LlmMoveKvResponse*) override {
+    if (draining_) return ToGrpc(UnavailableError("LLM worker is draining"));
+    Status valid = CheckMove(*req);
+    if (!valid.ok()) return ToGrpc(valid.WithContext("LLM worker " + address_));
+    std::lock_guard lock(mu_);
+    SI_RETURN_GRPC(CheckEpoch(req->epoch()));
+    auto span = [](const google::protobuf::RepeatedField<int32_t>& f) {
+      return std::span<const int32_t>(f.data(), static_cast<size_t>(f.size()));
+    };
+    runner_->MoveKv(span(req->block_table()), span(req->src()), span(req->dst()));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Release(grpc::ServerContext*, const pb::LlmReleaseRequest*,
+                       pb::LlmReleaseResponse*) override {
+    std::lock_guard lock(mu_);
+    group_.reset();
+    in_group_ = false;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Drain(grpc::ServerContext*, const pb::LlmDrainRequest*,
+                     pb::LlmDrainResponse*) override {
+    draining_ = true;
+    std::lock_guard lock(mu_);  // the call in flight, if any, has finished
+    group_.reset();
+    in_group_ = false;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status StoreSet(grpc::ServerContext*, const pb::LlmStoreSetRequest* req,
+                        pb::LlmStoreSetResponse*) override {
+    return ToGrpc(store_.Set(req->key(), req->value()));
+  }
+
+  grpc::Status StoreGet(grpc::ServerContext*, const pb::LlmStoreGetRequest* req,
+                        pb::LlmStoreGetResponse* resp) override {
+    auto v = store_.Get(req->key(),
+                        std::chrono::milliseconds(std::min<uint32_t>(req->wait_ms(), 600000)));
+    if (!v.ok()) return ToGrpc(v.status());
+    resp->set_value(std::move(*v));
+    return grpc::Status::OK;
+  }
+
+ private:
+
+  // Requires mu_.
+  Status CheckEpoch(uint64_t epoch) const {
+    if (!group_ || epoch != epoch_)
+      return FailedPreconditionError("LLM worker " + address_ + " is not in group epoch " +
+                                     std::to_string(epoch) + " (it is " +
+                                     (group_ ? "in epoch " + std::to_string(epoch_.load())
+                                             : std::string("in no group")) +
+                                     ")");
+    return Status::Ok();
+  }
+
+  void FillInfo(pb::LlmWorkerInfo* info) const {
+    const ModelConfig& c = runner_->model().config();
+    info->set_model_shape(ModelShapeString(c));
+    info->set_vocab_size(c.vocab_size);
+    info->set_vocab_fingerprint(fingerprint_);
+    info->set_stage(options_.stage);
+    info->set_num_stages(options_.num_stages);
+    info->set_tp_rank(options_.tp_rank);
+    info->set_tp_size(options_.tp_size);
+    info->set_layer_begin(static_cast<int32_t>(runner_->layers().begin));
+    info->set_layer_end(static_cast<int32_t>(runner_->layers().end()));
+    info->set_kv_blocks(runner_->num_kv_blocks());
+    info->set_kv_block_size(runner_->kv_block_size());
+    info->set_context_length(c.max_seq_len);
+    info->set_boot_id(boot_id_);
+    info->set_epoch(epoch_);
+    info->set_in_group(in_group_);
+  }
+
+  // Turns a wire batch into a ForwardBatch (masks and tables point into the given vectors),
+  // checking every field first.
+  Status Parse(const pb::LlmForwardRequest& req, ForwardBatch& batch,
+               std::vector<TreeMask>& masks, std::vector<std::span<const int32_t>>& tables) {
+    const int32_t bs = runner_->kv_block_size(), blocks = runner_->num_kv_blocks();
+    if (req.kv_block_size() != bs)
+      return InvalidArgumentError("KV block size " + std::to_string(req.kv_block_size()) +
+                                  " differs from the worker's " + std::to_string(bs));
+    const int64_t n = req.tokens_size();
+    if (n > kMaxBatchTokens) return InvalidArgumentError("batch has too many tokens");
+    if (req.positions_size() != n)
+      return InvalidArgumentError("positions and tokens differ in length");
+    if (req.seqs_size() > n) return InvalidArgumentError("more sequences than tokens");
+    if (req.logit_rows_size() > n) return InvalidArgumentError("more logits rows than tokens");
+    if (runner_->last_stage() &&
+        int64_t{req.logit_rows_size()} * runner_->vocab().count * 4 > kMaxLogitsBytes)
+      return InvalidArgumentError("logits of " + std::to_string(req.logit_rows_size()) +
+                                  " rows exceed one response's limit");
+    for (int32_t p : req.positions())
+      if (p < 0 || p >= kMaxPosition)
+        return InvalidArgumentError("position " + std::to_string(p) + " out of range");
+    batch.tokens.assign(req.tokens().begin(), req.tokens().end());
+    batch.positions.assign(req.positions().begin(), req.positions().end());
+    batch.logit_rows.assign(req.logit_rows().begin(), req.logit_rows().end());
+    batch.batch_invariant = req.batch_invariant();
+    masks.reserve(req.seqs_size());  // stable addresses for BatchSequence::mask
+    for (int i = 0; i < req.seqs_size(); ++i) {
+      const pb::LlmSequence& s = req.seqs(i);
+      const std::string what = "sequence " + std::to_string(s.seq());
+      if (s.token_count() <= 0 || s.token_begin() < 0 || s.kv_prefix() < 0 || s.masked_kv() < 0)
+        return InvalidArgumentError(what + ": negative or empty ranges");
+      const int64_t kv_end = int64_t{s.kv_prefix()} + s.masked_kv() + s.token_count();
+      SI_RETURN_IF_ERROR(CheckBlockTable(s.block_table(), kv_end, blocks, bs, what));
+      BatchSequence b;
+      b.seq = s.seq();
+      b.token_begin = s.token_begin();
+      b.token_count = s.token_count();
+      b.kv_prefix = s.kv_prefix();
+      b.masked_kv = s.masked_kv();
+      if (s.has_mask()) {
+        if (s.mask_cols() != int64_t{s.masked_kv()} + s.token_count())
+          return InvalidArgumentError(what + ": mask has " + std::to_string(s.mask_cols()) +
+                                      " columns, the sequence needs " +
+                                      std::to_string(int64_t{s.masked_kv()} + s.token_count()));
+        TreeMask m = TreeMask::Empty(0, s.mask_cols());
+        m.num_tokens = s.token_count();
+        if (s.mask_bits_size() != int64_t{m.num_tokens} * m.words_per_row)
+          return InvalidArgumentError(what + ": mask bits do not match its rows and columns");
+        m.bits.assign(s.mask_bits().begin(), s.mask_bits().end());
+        masks.push_back(std::move(m));
+        b.mask = &masks.back();
+      }
+      batch.seqs.push_back(b);
+      tables.emplace_back(s.block_table().data(), static_cast<size_t>(s.block_table_size()));
+    }
+    return batch.Validate(runner_->model().config().vocab_size);
+  }
+
+  Status CheckMove(const pb::LlmMoveKvRequest& req) const {
+    const int32_t bs = runner_->kv_block_size();
+    if (req.kv_block_size() != bs) return InvalidArgumentError("MoveKv: KV block size differs");
+    if (req.src_size() != req.dst_size())
+      return InvalidArgumentError("MoveKv: src and dst differ in size");
+    if (req.src_size() > kMaxMoves) return InvalidArgumentError("MoveKv: too many moves");
+    if (req.length() < 0) return InvalidArgumentError("MoveKv: negative length");
+    SI_RETURN_IF_ERROR(
+        CheckBlockTable(req.block_table(), req.length(), runner_->num_kv_blocks(), bs, "MoveKv"));
+    for (int i = 0; i < req.src_size(); ++i)
+      if (req.src(i) < 0 || req.src(i) >= req.length() || req.dst(i) < 0 ||
+          req.dst(i) >= req.length())
+        return InvalidArgumentError("MoveKv: position out of range");
+    return Status::Ok();
+  }
+
+  const LlmWorkerOptions options_;
+  std::unique_ptr<CpuShardRunner> runner_;
+  const uint64_t fingerprint_;
+  uint64_t boot_id_ = 0;
+  std::string collective_host_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::string address_;
+  RendezvousTable store_;
+  std::atomic<bool> draining_{false}, shut_down_{false}, in_group_{false};
+  std::atomic<uint64_t> epoch_{0};
+  std::mutex mu_;  // one Forward/MoveKv/Join at a time; guards group_
+  std::unique_ptr<CollectiveGroup> group_;
+};
+
+LlmWorkerServer::LlmWorkerServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+LlmWorkerServer::~LlmWorkerServer() { Shutdown(); }
+
+StatusOr<std::unique_ptr<LlmWorkerServer>> LlmWorkerServer::Start(const LlmWorkerOptions& o) {
+  if (o.context_length < 0) return InvalidArgumentError("context length must be >= 0");
+  SI_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelAndTokenizer(o.model_path, o.tokenizer_path));
+  std::unique_ptr<Model> model = std::move(loaded.model);
+  if (o.context_length > 0 && o.context_length < model->config().max_seq_len)
+    model->set_context_length(o.context_length);
+  if (o.dequantize) {
+    SI_ASSIGN_OR_RETURN(std::unique_ptr<Model> f32, DequantizeToF32(*model));
+    model = std::move(f32);
+  }
+  const uint64_t fingerprint = VocabFingerprint(*loaded.tokenizer);
+  return Start(o, std::shared_ptr<const Model>(std::move(model)), fingerprint);
+}
+
+StatusOr<std::unique_ptr<LlmWorkerServer>> LlmWorkerServer::Start(
+    const LlmWorkerOptions& o, std::shared_ptr<const Model> model, uint64_t fingerprint) {
+  if (o.kv_block_size <= 0 || o.max_sequences <= 0)
+    return InvalidArgumentError("kv block size and max sequences must be positive");
+  const CollectiveLayout layout{o.stage, o.num_stages, o.tp_rank, o.tp_size};
+  const int32_t blocks =
+      KvBlocksPerSequence(model->config().max_seq_len, o.kv_block_size) * o.max_sequences;
+  SI_ASSIGN_OR_RETURN(auto runner, CpuShardRunner::Create(std::move(model), layout, blocks,
+                                                          o.kv_block_size, o.num_threads));
+  auto impl = std::make_unique<Impl>(o, std::move(runner), fingerprint);
+  SI_RETURN_IF_ERROR(impl->Listen());
+  return std::unique_ptr<LlmWorkerServer>(new LlmWorkerServer(std::move(impl)));
+}
+
+int LlmWorkerServer::port() const { return impl_->port(); }
+std::string LlmWorkerServer::address() const { return impl_->address(); }
+void LlmWorkerServer::Wait() { impl_->Wait(); }
+void LlmWorkerServer::Shutdown() { impl_->Shutdown(); }
+
+}  // namespace specinfer

@@ -1,0 +1,266 @@
+#include "dist/ssm_worker.h"
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+
+#include "dist/model_identity.h"
+#include "dist/ssm_wire.h"
+#include "model/dequantize.h"
+#include "model/loader.h"
+#include "proto/ssm_worker.grpc.pb.h"
+#include "spec/speculator.h"
+
+namespace specinfer {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+grpc::Status ToGrpc(const Status& s) {
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), s.message());
+}
+
+class SsmWorkerService final : public worker::SsmWorker::Service {
+ public:
+  SsmWorkerService(SsmWorkerOptions options, std::shared_ptr<const Model> model,
+                   std::unique_ptr<Tokenizer> tokenizer, std::unique_ptr<Speculator> speculator)
+      : o_(std::move(options)),
+        model_(std::move(model)),
+        tokenizer_(std::move(tokenizer)),
+        speculator_(std::move(speculator)),
+        fingerprint_(VocabFingerprint(*tokenizer_)) {}
+
+  void set_address(std::string address) { name_ = o_.label + " " + address; }
+  const std::string& name() const { return name_; }
+
+  grpc::Status Info(grpc::ServerContext*, const worker::InfoRequest*,
+                    worker::InfoResponse* out) override {
+    out->set_worker(o_.label);
+    out->set_model_shape(ModelShapeString(model_->config()));
+    out->set_vocab_size(model_->config().vocab_size);
+    out->set_vocab_fingerprint(fingerprint_);
+    out->add_speculators(speculator_->name());
+    out->set_max_sessions(o_.max_sessions);
+    out->set_context_length(model_->config().max_seq_len);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Health(grpc::ServerContext*, const worker::HealthRequest*,
+                      worker::HealthResponse* out) override {
+    // Without the lock: a long Speculate call must not make the worker look dead.
+    out->set_state(draining_.load() ? worker::HealthResponse::DRAINING
+                                    : worker::HealthResponse::SERVING);
+    out->set_sessions(num_sessions_.load());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Speculate(grpc::ServerContext*, const worker::SpeculateRequest* req,
+                         worker::SpeculateResponse* out) override {
+    const int32_t vocab = model_->config().vocab_size;
+    const int32_t context = model_->config().max_seq_len;
+    if (req->items_size() > kMaxSpeculateItems)
+      return ToGrpc(InvalidArgumentError("more than " + std::to_string(kMaxSpeculateItems) +
+                                         " items"));
+    // Validate everything before touching any session.
+    for (int i = 0; i < req->items_size(); ++i) {
+      const auto& item = req->items(i);
+      Status s = ValidateSpeculateItem(item, vocab, context);
+      if (s.ok() && !item.speculator().empty() && item.speculator() != speculator_->name())
+        s = InvalidArgumentError("speculator '" + item.speculator() + "' is not offered here (" +
+                                 speculator_->name() + ")");
+      if (!s.ok()) {
+        spdlog::warn("{}: Speculate item {} rejected: {}", name_, i, s.ToString());
+        return ToGrpc(InvalidArgumentError("item " + std::to_string(i) + ": " + s.message()));
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto now = Clock::now();
+    for (const auto& item : req->items()) {
+      worker::SpeculateResult* result = out->add_results();
+      auto it = sessions_.find(item.session());
+      if (it == sessions_.end()) {
+        if (item.base() != 0) {
+          result->set_outcome(worker::SpeculateResult::RESYNC);
+          continue;
+        }
+        if (draining_ || !MakeRoom(now)) {
+          result->set_outcome(worker::SpeculateResult::BUSY);
+          continue;
+        }
+        auto session = speculator_->StartSession();
+        if (!session.ok()) {
+          spdlog::warn("{}: no session for '{}': {}", name_, item.session(),
+                       session.status().ToString());
+          result->set_outcome(worker::SpeculateResult::BUSY);
+          continue;
+        }
+        it = sessions_.emplace(item.session(), Session{std::move(*session), {}, now}).first;
+        spdlog::debug("{}: session '{}' opened ({} open)", name_, item.session(),
+                      sessions_.size());
+      }
+      Session& s = it->second;
+      s.last_used = now;
+      // base 0 restates the whole sequence (after a replica switch or a RESYNC): the draft's
+      // cache keeps whatever prefix it shares with it.
+      if (item.base() == 0) s.tokens.clear();
+      if (item.base() != s.tokens.size()) {
+        result->set_outcome(worker::SpeculateResult::RESYNC);
+        continue;
+      }
+      s.tokens.insert(s.tokens.end(), item.tokens().begin(), item.tokens().end());
+      TreeShape shape{{item.widths().begin(), item.widths().end()}};
+      const SamplingParams sampling = SamplingFromProto(item.sampling());
+      Rng rng(item.seed());
+      DraftContext ctx;
+      ctx.tokens = s.tokens;
+      ctx.shape = &shape;
+      ctx.max_depth = item.max_depth();
+      ctx.sampling = &sampling;
+      ctx.rng = &rng;
+      ctx.speculator_index = item.speculator_index();
+      auto tree = s.session->Propose(ctx);
+      if (!tree.ok()) {
+        // The session's state is unknown now: drop it (the manager resends everything).
+        spdlog::warn("{}: session '{}' failed to propose: {}", name_, item.session(),
+                     tree.status().ToString());
+        sessions_.erase(it);
+        result->set_outcome(worker::SpeculateResult::RESYNC);
+        continue;
+      }
+      result->set_outcome(worker::SpeculateResult::OK);
+      TreeToProto(*tree, result->mutable_tree());
+    }
+    num_sessions_ = static_cast<int32_t>(sessions_.size());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Release(grpc::ServerContext*, const worker::ReleaseRequest* req,
+                       worker::ReleaseResponse*) override {
+    if (req->sessions_size() > kMaxSpeculateItems)
+      return ToGrpc(InvalidArgumentError("too many sessions in one Release"));
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const std::string& key : req->sessions()) sessions_.erase(key);
+    num_sessions_ = static_cast<int32_t>(sessions_.size());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Drain(grpc::ServerContext*, const worker::DrainRequest*,
+                     worker::DrainResponse* out) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!draining_) spdlog::info("{}: draining ({} sessions open)", name_, sessions_.size());
+    draining_ = true;
+    out->set_sessions(static_cast<int32_t>(sessions_.size()));
+    return grpc::Status::OK;
+  }
+
+ private:
+  struct Session {
+    std::unique_ptr<DraftSession> session;
+    std::vector<int32_t> tokens;  // committed tokens received so far
+    Clock::time_point last_used;
+  };
+
+  // Frees idle sessions; true if there is room for one more.
+  bool MakeRoom(Clock::time_point now) {
+    if (static_cast<int32_t>(sessions_.size()) < o_.max_sessions) return true;
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+      if (now - it->second.last_used > o_.idle_timeout) {
+        spdlog::info("{}: session '{}' idle, reclaimed", name_, it->first);
+        it = sessions_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return static_cast<int32_t>(sessions_.size()) < o_.max_sessions;
+  }
+
+  const SsmWorkerOptions o_;
+  std::shared_ptr<const Model> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<Speculator> speculator_;
+  const uint64_t fingerprint_;
+  std::string name_;
+
+  std::mutex mu_;
+  std::map<std::string, Session> sessions_;  // guarded by mu_
+  std::atomic<int32_t> num_sessions_{0};     // sessions_.size() after the last change
+  std::atomic<bool> draining_{false};
+};
+
+}  // namespace
+
+struct SsmWorkerServer::Impl {
+  std::unique_ptr<SsmWorkerService> service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  std::mutex mu;
+  bool stopped = false;
+};
+
+SsmWorkerServer::SsmWorkerServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+SsmWorkerServer::~SsmWorkerServer() { Shutdown(); }
+
+StatusOr<std::unique_ptr<SsmWorkerServer>> SsmWorkerServer::Start(const SsmWorkerOptions& o) {
+  if (o.max_sessions < 1) return InvalidArgumentError("max_sessions must be >= 1");
+  if (o.context_length < 0) return InvalidArgumentError("context length must be >= 0");
+  SI_RETURN_IF_ERROR(ValidateSpeculatorSpec(o.speculator));
+  const size_t colon = o.listen.rfind(':');
+  if (colon == std::string::npos || colon == 0)
+    return InvalidArgumentError("listen address '" + o.listen + "' is not host:port");
+  const std::string host = o.listen.substr(0, colon);
+
+  SI_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelAndTokenizer(o.model_path, o.tokenizer_path));
+  std::unique_ptr<Model> model = std::move(loaded.model);
+  if (o.context_length > 0 && o.context_length < model->config().max_seq_len)
+    model->set_context_length(o.context_length);
+  if (o.dequantize) {
+    SI_ASSIGN_OR_RETURN(std::unique_ptr<Model> f32, DequantizeToF32(*model));
+    model = std::move(f32);
+  }
+  std::shared_ptr<const Model> shared(std::move(model));
+  SpeculatorOptions so;
+  so.max_sequences = o.max_sessions;
+  so.kv_block_size = o.kv_block_size;
+  so.num_threads = o.num_threads;
+  so.llm_tokenizer = loaded.tokenizer.get();
+  SI_ASSIGN_OR_RETURN(std::unique_ptr<Speculator> spec, CreateSpeculator(o.speculator, shared, so));
+
+  auto impl = std::make_unique<Impl>();
+  impl->service = std::make_unique<SsmWorkerService>(o, shared, std::move(loaded.tokenizer),
+                                                     std::move(spec));
+  grpc::ServerBuilder builder;
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddListeningPort(o.listen, grpc::InsecureServerCredentials(), &impl->port);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.RegisterService(impl->service.get());
+  impl->server = builder.BuildAndStart();
+  if (!impl->server || impl->port == 0)
+    return UnavailableError(o.label + ": cannot bind " + o.listen);
+  impl->service->set_address(host + ":" + std::to_string(impl->port));
+  spdlog::info("{}: serving speculator {} on {} ({}, up to {} sessions)",
+               impl->service->name(), o.speculator, o.model_path,
+               ModelShapeString(shared->config()), o.max_sessions);
+  return std::unique_ptr<SsmWorkerServer>(new SsmWorkerServer(std::move(impl)));
+}
+
+int SsmWorkerServer::port() const { return impl_->port; }
+const std::string& SsmWorkerServer::label() const { return impl_->service->name(); }
+
+void SsmWorkerServer::Wait() {
+  if (impl_->server) impl_->server->Wait();
+}
+
+void SsmWorkerServer::Shutdown() {
+  if (!impl_) return;
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->stopped || !impl_->server) return;
+  impl_->stopped = true;
+  impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+}
+
+}  // namespace specinfer

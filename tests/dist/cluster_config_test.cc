@@ -1,0 +1,164 @@
+// Cluster configs: the shipped examples parse and say what they mean; bad configs are refused
+// with the key path in the message; configs this build cannot run are refused clearly.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "dist/cluster_config.h"
+#include "test_util.h"
+
+namespace specinfer {
+namespace {
+
+const char* kGood = R"(
+hosts: {a: 10.0.0.1, b: 10.0.0.2}
+models:
+  llm: /m/llm.gguf
+  tiny: {path: /m/tiny.bin, tokenizer: /m/tok.bin}
+limits: {max_batch: 16, max_batch_tokens: 1024, max_queue: 10, context: 2048}
+manager: {host: a, http_port: 8080, grpc_port: 0, threads: 2, tree: [1, 2, 1],
+          rpc_timeout_ms: 250}
+ssm:
+  - spec: layers:4
+    model: llm
+    replicas: [{host: a, port: 5101, threads: 3}, {host: b, port: 5101}]
+  - spec: model:/m/tiny.bin
+    model: llm
+    max_sessions: 4
+    replicas: [{host: b, port: 5102}]
+llm:
+  model: llm
+  placement: workers
+  tp: 2
+  pp: 1
+  threads: 4
+  workers: [{host: a, port: 5201}, {host: b, port: 5201}]
+restart_workers: true
+)";
+
+TEST(ClusterConfig, ParsesEveryField) {
+  auto c = ParseClusterConfig(kGood, "good.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->hosts.at("a"), "10.0.0.1");
+  EXPECT_EQ(c->hosts.at("local"), "127.0.0.1");
+  EXPECT_EQ(c->model("tiny").tokenizer, "/m/tok.bin");
+  EXPECT_EQ(c->limits.max_batch, 16);
+  EXPECT_EQ(c->limits.context, 2048);
+  EXPECT_EQ(c->manager.endpoint.address, "10.0.0.1");
+  EXPECT_EQ(c->manager.endpoint.port, 8080);
+  EXPECT_EQ(c->manager.grpc_port, 0);
+  EXPECT_EQ(c->manager.tree, "1,2,1");
+  EXPECT_EQ(c->manager.rpc_timeout_ms, 250);
+  ASSERT_EQ(c->ssm.size(), 2u);
+  EXPECT_EQ(c->ssm[0].spec, "layers:4");
+  EXPECT_EQ(c->ssm[0].max_sessions, 16) << "defaults to limits.max_batch";
+  ASSERT_EQ(c->ssm[0].replicas.size(), 2u);
+  EXPECT_EQ(c->ssm[0].replicas[0].threads, 3);
+  EXPECT_EQ(c->ssm[0].replicas[1].HostPort(), "10.0.0.2:5101");
+  EXPECT_EQ(c->ssm[1].max_sessions, 4);
+  EXPECT_EQ(c->llm.placement, ClusterLlm::Placement::kWorkers);
+  EXPECT_EQ(c->llm.tp, 2);
+  ASSERT_EQ(c->llm.workers.size(), 2u);
+  EXPECT_EQ(c->llm.workers[1].address, "10.0.0.2");
+  EXPECT_TRUE(c->restart_workers);
+  EXPECT_TRUE(c->all_ports_fixed());
+  EXPECT_TRUE(CheckClusterRunnable(*c).ok());
+}
+
+TEST(ClusterConfig, ShippedExamples) {
+  for (const char* name : {"single-cpu", "multi-process-cpu", "multi-gpu-node", "two-node"}) {
+    auto c = LoadClusterConfig(testing::SourcePath(std::string("configs/") + name + ".yaml"));
+    ASSERT_TRUE(c.ok()) << name << ": " << c.status().ToString();
+  }
+  auto single = LoadClusterConfig(testing::SourcePath("configs/single-cpu.yaml"));
+  EXPECT_EQ(single->llm.placement, ClusterLlm::Placement::kInProcess);
+  EXPECT_TRUE(single->ssm.empty());
+  EXPECT_TRUE(CheckClusterRunnable(*single).ok());
+
+  auto multi = LoadClusterConfig(testing::SourcePath("configs/multi-process-cpu.yaml"));
+  EXPECT_EQ(multi->model(multi->llm.model).path, "models/SmolLM2-135M-Instruct.Q4_1.gguf");
+  ASSERT_EQ(multi->ssm.size(), 1u);
+  EXPECT_EQ(multi->ssm[0].replicas.size(), 2u);
+  EXPECT_EQ(multi->llm.tp, 2);
+  EXPECT_EQ(multi->llm.pp, 2);
+  EXPECT_EQ(multi->llm.workers.size(), 4u);
+  EXPECT_EQ(multi->llm.backend, "cpu");
+  EXPECT_TRUE(CheckClusterRunnable(*multi).ok());
+
+  // backend: cuda cannot run here (no CUDA model runner for LLM workers in any build yet).
+  for (const char* name : {"multi-gpu-node", "two-node"}) {
+    auto c = LoadClusterConfig(testing::SourcePath(std::string("configs/") + name + ".yaml"));
+    EXPECT_EQ(c->llm.backend, "cuda");
+    const Status s = CheckClusterRunnable(*c);
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << name;
+    EXPECT_NE(s.message().find("llm.backend: cuda"), std::string::npos) << s.message();
+  }
+  auto two = LoadClusterConfig(testing::SourcePath("configs/two-node.yaml"));
+  EXPECT_EQ(two->llm.workers[2].address, "10.0.0.2");
+  EXPECT_EQ(two->manager.bind, "0.0.0.0");
+}
+
+// Applies `edit` (a YAML fragment replacing or adding top-level keys) to a valid config.
+std::string Minimal(const std::string& extra = "", const std::string& llm = "llm: {}") {
+  return "models: {llm: /m/llm.gguf}\n" + llm + "\n" + extra;
+}
+
+TEST(ClusterConfig, BadConfigsAreRefusedNamingTheKey) {
+  ASSERT_TRUE(ParseClusterConfig(Minimal(), "x.yaml").ok());
+  struct Case {
+    std::string yaml;
+    std::string expect;  // in the message
+  };
+  const std::vector<Case> cases = {
+      {Minimal("colour: blue"), "colour: unknown key"},
+      {Minimal("manager: {http_prot: 80}"), "manager.http_prot: unknown key"},
+      {Minimal("manager: {http_port: 70000}"), "manager.http_port: 70000 is outside [0, 65535]"},
+      {Minimal("manager: {http_port: -1}"), "manager.http_port"},
+      {Minimal("manager: {http_port: eighty}"), "not an integer"},
+      {Minimal("manager: {tree: '0,1'}"), "manager.tree"},
+      {Minimal("manager: {host: nowhere}"), "unknown host 'nowhere'"},
+      {Minimal("limits: {max_batch: 0}"), "limits.max_batch: 0 is outside"},
+      {Minimal("", "llm: {placement: workers, tp: 0, workers: []}"), "llm.tp: 0 is outside"},
+      {Minimal("", "llm: {placement: workers, tp: 2, pp: 2, workers: [{port: 1}]}"),
+       "llm.workers: 1 workers for tp 2 x pp 2 (needs 4"},
+      {Minimal("", "llm: {tp: 2}"), "need placement: workers"},
+      {Minimal("", "llm: {backend: rocm}"), "llm.backend: 'rocm'"},
+      {Minimal("", "llm: {placement: sideways}"), "llm.placement"},
+      {Minimal("", "llm: {model: other}"), "unknown model 'other'"},
+      {Minimal("", "llm: {placement: workers, workers: [{port: 5, thread: 1}]}"),
+       "llm.workers[0].thread: unknown key"},
+      {Minimal("ssm: [{spec: 'foo:1', replicas: [{port: 1}]}]"), "ssm[0].spec"},
+      {Minimal("ssm: [{spec: ngram, replicas: []}]"), "ssm[0].replicas"},
+      {Minimal("ssm: [{spec: ngram, replicas: [{port: 5, host: mars}]}]"),
+       "ssm[0].replicas[0].host: unknown host 'mars'"},
+      {Minimal("ssm: [{spec: ngram, replicas: [{port: 5101}, {port: 5101}]}]"),
+       "port 127.0.0.1:5101 is also used by ssm[0].replicas[0]"},
+      {Minimal("ssm: [{spec: ngram, replicas: [{port: 1}]}, {spec: ngram, replicas: [{port: 2}]}]"),
+       "appears twice"},
+      {Minimal("restart_workers: maybe"), "restart_workers: 'maybe' is not true or false"},
+      {"models: {llm: /m/a}\n", "llm: required"},
+      {"llm: {}\n", "models: required"},
+      {"models: {llm: /m/a}\nllm: {\n", "x.yaml"},  // YAML syntax error
+      {"- just\n- a list\n", "expected a YAML mapping"},
+  };
+  for (const Case& c : cases) {
+    auto r = ParseClusterConfig(c.yaml, "x.yaml");
+    ASSERT_FALSE(r.ok()) << "accepted:\n" << c.yaml;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << c.yaml;
+    EXPECT_NE(r.status().message().find(c.expect), std::string::npos)
+        << "message: " << r.status().message() << "\nexpected: " << c.expect;
+    EXPECT_EQ(r.status().message().rfind("x.yaml", 0), 0u) << "names the file";
+  }
+  auto missing = LoadClusterConfig("/nonexistent/cluster.yaml");
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+}
+
+TEST(ClusterConfig, PortZeroIsOnlyForOneMachine) {
+  auto c = ParseClusterConfig(Minimal("ssm: [{spec: ngram, replicas: [{port: 0}]}]"), "x.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(c->all_ports_fixed());
+}
+
+}  // namespace
+}  // namespace specinfer
