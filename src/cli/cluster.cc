@@ -84,7 +84,9 @@ int RunWorkerCommand(const ClusterArgs& a) {
     std::fprintf(stderr, "error: %s\n", config.status().ToString().c_str());
     return 1;
   }
-  ClusterOverrides ov{a.model, a.tokenizer};
+  ClusterOverrides ov;
+  ov.model = a.model;
+  ov.tokenizer = a.tokenizer;
   return RunClusterWorker(*config, a.config, a.role, a.index, a.port, ov);
 }
 

@@ -40,7 +40,7 @@ struct EngineOptions {
   // Distributed serving (src/dist/). Builds the LLM's runner in place of the local CPU one, e.g.
   // a client of remote LLM workers, from the loaded model (its configuration; the weights are
   // then not paged in here, nor dequantized), the tokenizer and the number of KV blocks of the
-XX
+  // engine's cache. Null: the runner of `backend`.
   std::function<StatusOr<std::unique_ptr<ModelRunner>>(
       std::shared_ptr<const Model> model, const Tokenizer& tokenizer, int32_t num_kv_blocks)>
       runner_factory;

@@ -167,7 +167,9 @@ TEST(SsmWire, MalformedTreesAreRejected) {
     c.corrupt(bad);
     auto r = TreeFromProto(bad, vocab, 5, 4);
     EXPECT_FALSE(r.ok()) << c.what;
-    if (!r.ok()) EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << c.what;
+    if (!r.ok()) {
+      EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << c.what;
+    }
   }
   EXPECT_FALSE(TreeFromProto(good, vocab, 5, 1).ok()) << "deeper than max_depth";
 }

@@ -34,7 +34,9 @@ TEST(TreeShape, RefusesZerosAbsurdWidthsAndGarbage) {
                                       "1,1,1,1,1"}) {
     auto s = TreeShape::Parse(bad);
     EXPECT_FALSE(s.ok()) << "accepted '" << bad << "'";
-    if (!s.ok()) EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+    if (!s.ok()) {
+      EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+    }
   }
 }
 
