@@ -80,9 +80,9 @@ TEST(ClusterConfig, ShippedExamples) {
   EXPECT_EQ(multi->model(multi->llm.model).path, "models/SmolLM2-135M-Instruct.Q4_1.gguf");
   ASSERT_EQ(multi->ssm.size(), 1u);
   EXPECT_EQ(multi->ssm[0].replicas.size(), 2u);
-  EXPECT_EQ(multi->llm.tp, 2);
+  EXPECT_EQ(multi->llm.tp, 3);  // SmolLM2-135M's 3 KV heads
   EXPECT_EQ(multi->llm.pp, 2);
-  EXPECT_EQ(multi->llm.workers.size(), 4u);
+  EXPECT_EQ(multi->llm.workers.size(), 6u);
   EXPECT_EQ(multi->llm.backend, "cpu");
   EXPECT_TRUE(CheckClusterRunnable(*multi).ok());
 
