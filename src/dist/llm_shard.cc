@@ -290,34 +290,12 @@ void CpuShardRunner::Attention(const ForwardBatch& batch,
       const BatchSequence& s = batch.seqs[it.seq];
       const std::span<const int32_t> table = tables[it.seq];
       const int64_t t = s.token_begin + it.i;
-      visible.clear();
-      for (int32_t p = 0; p < s.kv_prefix; ++p) visible.push_back(p);
-      const int32_t window = s.masked_kv + s.token_count;
-      for (int32_t j = 0; j < window; ++j) {
-        bool sees = s.mask ? s.mask->Get(it.i, j) : j <= it.i;
-        if (sees) visible.push_back(s.kv_prefix + j);
-      }
-      const int64_t nv = static_cast<int64_t>(visible.size());
-      if (scores.size() < static_cast<size_t>(nv)) scores.resize(nv);
-      for (int32_t g = 0; g < group; ++g) {
-        const int32_t h = kvh * group + g;  // local query head
-        const float* qh = q + t * qd + static_cast<int64_t>(h) * head_dim;
-        for (int64_t k = 0; k < nv; ++k) {
-          const int32_t p = visible[k];
-          const int64_t slot = static_cast<int64_t>(table[p / bs]) * bs + p % bs;
-          const float* key = KeyAt(local_layer, slot) + static_cast<int64_t>(kvh) * head_dim;
-          scores[k] = cpu::Dot(qh, key, head_dim) * scale;
-        }
-        cpu::Softmax(scores.data(), nv);
-        float* oh = out + t * qd + static_cast<int64_t>(h) * head_dim;
-        std::fill_n(oh, head_dim, 0.0f);
-        for (int64_t k = 0; k < nv; ++k) {
-          const int32_t p = visible[k];
-          const int64_t slot = static_cast<int64_t>(table[p / bs]) * bs + p % bs;
-          const float* val = ValueAt(local_layer, slot) + static_cast<int64_t>(kvh) * head_dim;
-          cpu::Axpy(scores[k], val, oh, head_dim);
-        }
-      }
+      const int64_t head0 = static_cast<int64_t>(kvh) * group * head_dim;
+      cpu::AttendKvHead(s, it.i, table, bs,
+                        KeyAt(local_layer, 0) + static_cast<int64_t>(kvh) * head_dim,
+                        ValueAt(local_layer, 0) + static_cast<int64_t>(kvh) * head_dim, kv_dim_,
+                        q + t * qd + head0, group, head_dim, scale, visible, scores,
+                        out + t * qd + head0);
     }
   }, grain);
 }

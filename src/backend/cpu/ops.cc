@@ -150,4 +150,36 @@ const AttentionKernels& Kernels() {
 float Dot(const float* a, const float* b, int64_t n) { return Kernels().dot(a, b, n); }
 void Axpy(float alpha, const float* x, float* y, int64_t n) { Kernels().axpy(alpha, x, y, n); }
 
+void AttendKvHead(const BatchSequence& s, int32_t i, std::span<const int32_t> table,
+                  int32_t block_size, const float* keys, const float* values, int64_t slot_stride,
+                  const float* q, int32_t group, int32_t head_dim, float scale,
+                  std::vector<int32_t>& visible, std::vector<float>& scores, float* out) {
+  const int32_t bs = block_size;
+  visible.clear();
+  for (int32_t p = 0; p < s.kv_prefix; ++p) visible.push_back(p);
+  const int32_t window = s.masked_kv + s.token_count;
+  for (int32_t j = 0; j < window; ++j) {
+    const bool sees = s.mask ? s.mask->Get(i, j) : j <= i;
+    if (sees) visible.push_back(s.kv_prefix + j);
+  }
+  const int64_t nv = static_cast<int64_t>(visible.size());
+  if (scores.size() < static_cast<size_t>(nv)) scores.resize(nv);
+  for (int32_t g = 0; g < group; ++g) {
+    const float* qh = q + static_cast<int64_t>(g) * head_dim;
+    for (int64_t k = 0; k < nv; ++k) {
+      const int32_t p = visible[k];
+      const int64_t slot = static_cast<int64_t>(table[p / bs]) * bs + p % bs;
+      scores[k] = Dot(qh, keys + slot * slot_stride, head_dim) * scale;
+    }
+    Softmax(scores.data(), nv);
+    float* oh = out + static_cast<int64_t>(g) * head_dim;
+    std::fill_n(oh, head_dim, 0.0f);
+    for (int64_t k = 0; k < nv; ++k) {
+      const int32_t p = visible[k];
+      const int64_t slot = static_cast<int64_t>(table[p / bs]) * bs + p % bs;
+      Axpy(scores[k], values + slot * slot_stride, oh, head_dim);
+    }
+  }
+}
+
 }  // namespace specinfer::cpu

@@ -4,8 +4,10 @@
 
 #include <cstdint>
 
+#include <span>
 #include <vector>
 
+#include "backend/backend.h"
 #include "model/model_config.h"
 
 namespace specinfer::cpu {
@@ -43,5 +45,18 @@ void SwiGlu(float* gate, const float* up, int64_t n);
 // n, never on the batch, so a token's attention is the same in every batch.
 float Dot(const float* a, const float* b, int64_t n);
 void Axpy(float alpha, const float* x, float* y, int64_t n);
+
+// Attention of new token `i` of sequence `s` for the `group` query heads that share one KV head:
+// over the committed prefix, then what s.mask lets it see of the masked window and the new tokens
+// (causal when s.mask is null), in position order. Position p lives in slot
+// table[p / block_size] * block_size + p % block_size; its key and value are at
+// keys + slot * slot_stride and values + slot * slot_stride ([head_dim] each).
+//   q: [group, head_dim], out: [group, head_dim].
+// `visible` and `scores` are scratch. Used by every CPU runner (whole model and TP shards), so
+// a token's attention is bit-identical whichever computes it.
+void AttendKvHead(const BatchSequence& s, int32_t i, std::span<const int32_t> table,
+                  int32_t block_size, const float* keys, const float* values, int64_t slot_stride,
+                  const float* q, int32_t group, int32_t head_dim, float scale,
+                  std::vector<int32_t>& visible, std::vector<float>& scores, float* out);
 
 }  // namespace specinfer::cpu
