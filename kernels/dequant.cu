@@ -1,5 +1,6 @@
 #include "dequant.cuh"
 #include "device_types.cuh"
+#include "launch.cuh"
 
 namespace specinfer::kernels {
 namespace {
@@ -35,8 +36,8 @@ cudaError_t Launch(ElemType type, const void* src, int64_t src_rows, int64_t col
     // Without ids, row r of the slice is source row r0 + r: shift the source instead.
     const uint8_t* base = ids ? s : s + r0 * ElemRowBytes(type, cols);
     const int64_t limit = ids ? src_rows : src_rows - r0;
-    DequantizeRowsKernel<OutT>
-        <<<grid, kThreads, 0, stream>>>(type, base, limit, cols, id, out + r0 * cols);
+    SPECINFER_LAUNCH(grid, kThreads, 0, stream, DequantizeRowsKernel<OutT>)
+    (type, base, limit, cols, id, out + r0 * cols);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }

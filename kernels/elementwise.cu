@@ -1,5 +1,6 @@
 #include "device_types.cuh"
 #include "elementwise.cuh"
+#include "launch.cuh"
 
 namespace specinfer::kernels {
 namespace {
@@ -36,7 +37,7 @@ __global__ void CastKernel(const float* __restrict__ in, T* __restrict__ out, in
 template <typename T>
 cudaError_t Cast(const float* in, T* out, int64_t n, cudaStream_t stream) {
   if (n <= 0) return cudaErrorInvalidValue;
-  CastKernel<T><<<Blocks(n), kThreads, 0, stream>>>(in, out, n);
+  SPECINFER_LAUNCH(Blocks(n), kThreads, 0, stream, CastKernel<T>)(in, out, n);
   return cudaGetLastError();
 }
 
@@ -44,14 +45,14 @@ cudaError_t Cast(const float* in, T* out, int64_t n, cudaStream_t stream) {
 
 cudaError_t LaunchSwiGlu(float* gate, const float* up, int64_t n, cudaStream_t stream) {
   if (n <= 0) return cudaErrorInvalidValue;
-  SwiGluKernel<<<Blocks(n), kThreads, 0, stream>>>(gate, up, n);
+  SPECINFER_LAUNCH(Blocks(n), kThreads, 0, stream, SwiGluKernel)(gate, up, n);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchAddBias(float* y, const float* b, int64_t rows, int64_t dim,
                           cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return cudaErrorInvalidValue;
-  AddBiasKernel<<<Blocks(rows * dim), kThreads, 0, stream>>>(y, b, rows * dim, dim);
+  SPECINFER_LAUNCH(Blocks(rows * dim), kThreads, 0, stream, AddBiasKernel)(y, b, rows * dim, dim);
   return cudaGetLastError();
 }
 

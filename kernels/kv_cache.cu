@@ -1,5 +1,6 @@
 #include "device_types.cuh"
 #include "kv_cache.cuh"
+#include "launch.cuh"
 
 namespace specinfer::kernels {
 namespace {
@@ -38,7 +39,8 @@ template <typename T>
 cudaError_t LaunchKvAppend(const float* k, const float* v, const int64_t* slots, int32_t n,
                            int32_t kv_dim, T* k_cache, T* v_cache, cudaStream_t stream) {
   if (n <= 0 || kv_dim <= 0) return cudaErrorInvalidValue;
-  KvAppendKernel<T><<<n, kThreads, 0, stream>>>(k, v, slots, kv_dim, k_cache, v_cache);
+  SPECINFER_LAUNCH(n, kThreads, 0, stream, KvAppendKernel<T>)
+  (k, v, slots, kv_dim, k_cache, v_cache);
   return cudaGetLastError();
 }
 
@@ -56,9 +58,9 @@ cudaError_t LaunchKvMove(void* k_cache, void* v_cache, int32_t elem_bytes, int32
   if (count <= 0 || layers <= 0 || layers > 65535 || (elem_bytes != 2 && elem_bytes != 4))
     return cudaErrorInvalidValue;
   const int64_t units = elem_bytes / 2;
-  KvMoveKernel<<<dim3(count, layers), kThreads, 0, stream>>>(
-      static_cast<uint16_t*>(k_cache), static_cast<uint16_t*>(v_cache), layer_stride * units,
-      static_cast<int64_t>(kv_dim) * units, src, dst);
+  SPECINFER_LAUNCH(dim3(count, layers), kThreads, 0, stream, KvMoveKernel)
+  (static_cast<uint16_t*>(k_cache), static_cast<uint16_t*>(v_cache), layer_stride * units,
+   static_cast<int64_t>(kv_dim) * units, src, dst);
   return cudaGetLastError();
 }
 

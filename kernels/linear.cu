@@ -1,4 +1,5 @@
 #include "device_types.cuh"
+#include "launch.cuh"
 #include "linear.cuh"
 
 namespace specinfer::kernels {
@@ -163,13 +164,17 @@ cudaError_t LaunchTyped(const void* w, int64_t rows, int64_t cols, const float* 
   const unsigned gx = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
   const uint8_t* wb = static_cast<const uint8_t*>(w);
   if (n == 1) {
-    LinearKernel<W, 1><<<dim3(gx, 1), block, 0, stream>>>(wb, rows, cols, x, n, y, beta);
+    SPECINFER_LAUNCH(dim3(gx, 1), block, 0, stream, LinearKernel<W, 1>)
+    (wb, rows, cols, x, n, y, beta);
   } else if (n == 2) {
-    LinearKernel<W, 2><<<dim3(gx, 1), block, 0, stream>>>(wb, rows, cols, x, n, y, beta);
+    SPECINFER_LAUNCH(dim3(gx, 1), block, 0, stream, LinearKernel<W, 2>)
+    (wb, rows, cols, x, n, y, beta);
   } else if (n <= 4) {
-    LinearKernel<W, 4><<<dim3(gx, 1), block, 0, stream>>>(wb, rows, cols, x, n, y, beta);
+    SPECINFER_LAUNCH(dim3(gx, 1), block, 0, stream, LinearKernel<W, 4>)
+    (wb, rows, cols, x, n, y, beta);
   } else {
-    LinearKernel<W, 8><<<dim3(gx, 1), block, 0, stream>>>(wb, rows, cols, x, n, y, beta);
+    SPECINFER_LAUNCH(dim3(gx, 1), block, 0, stream, LinearKernel<W, 8>)
+    (wb, rows, cols, x, n, y, beta);
   }
   return cudaGetLastError();
 }

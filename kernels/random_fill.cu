@@ -1,4 +1,5 @@
 #include "device_types.cuh"
+#include "launch.cuh"
 #include "random_fill.cuh"
 
 namespace specinfer::kernels {
@@ -25,8 +26,9 @@ template <typename T>
 cudaError_t Fill(T* out, int64_t n, uint64_t seed, float offset, float scale, cudaStream_t stream) {
   if (n <= 0) return cudaErrorInvalidValue;
   const int64_t blocks = (n + 255) / 256;
-  RandomFillKernel<T><<<static_cast<unsigned>(blocks < 4096 ? blocks : 4096), 256, 0, stream>>>(
-      out, n, seed, offset, scale);
+  SPECINFER_LAUNCH(static_cast<unsigned>(blocks < 4096 ? blocks : 4096), 256, 0, stream,
+                   RandomFillKernel<T>)
+  (out, n, seed, offset, scale);
   return cudaGetLastError();
 }
 

@@ -1,3 +1,4 @@
+#include "launch.cuh"
 #include "rmsnorm.cuh"
 
 namespace specinfer::kernels {
@@ -31,14 +32,14 @@ __global__ void RmsNormKernel(const float* __restrict__ x, const int32_t* __rest
 cudaError_t LaunchRmsNorm(const float* x, const float* w, float* out, int rows, int n, float eps,
                           cudaStream_t stream) {
   if (rows <= 0 || n <= 0) return cudaErrorInvalidValue;
-  RmsNormKernel<<<rows, kThreads, 0, stream>>>(x, nullptr, w, out, n, eps);
+  SPECINFER_LAUNCH(rows, kThreads, 0, stream, RmsNormKernel)(x, nullptr, w, out, n, eps);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchRmsNormRows(const float* x, const int32_t* row_ids, const float* w, float* out,
                               int rows, int n, float eps, cudaStream_t stream) {
   if (rows <= 0 || n <= 0 || row_ids == nullptr) return cudaErrorInvalidValue;
-  RmsNormKernel<<<rows, kThreads, 0, stream>>>(x, row_ids, w, out, n, eps);
+  SPECINFER_LAUNCH(rows, kThreads, 0, stream, RmsNormKernel)(x, row_ids, w, out, n, eps);
   return cudaGetLastError();
 }
 

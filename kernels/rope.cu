@@ -1,3 +1,4 @@
+#include "launch.cuh"
 #include "rope.cuh"
 
 namespace specinfer::kernels {
@@ -42,8 +43,8 @@ cudaError_t LaunchRope(float* q, int32_t q_heads, float* k, int32_t k_heads, int
                        const float* sin_table, int32_t max_pos, const float* inv_freq,
                        RopeMode mode, cudaStream_t stream) {
   if (n <= 0 || head_dim <= 0 || head_dim % 2 != 0 || q_heads <= 0) return cudaErrorInvalidValue;
-  RopeKernel<<<n, kThreads, 0, stream>>>(q, q_heads, k, k_heads, head_dim, positions, cos_table,
-                                         sin_table, max_pos, inv_freq, mode);
+  SPECINFER_LAUNCH(n, kThreads, 0, stream, RopeKernel)
+  (q, q_heads, k, k_heads, head_dim, positions, cos_table, sin_table, max_pos, inv_freq, mode);
   return cudaGetLastError();
 }
 

@@ -1,5 +1,6 @@
 #include <climits>
 
+#include "launch.cuh"
 #include "sampling.cuh"
 
 namespace specinfer::kernels {
@@ -204,7 +205,7 @@ __global__ void __launch_bounds__(kThreads)
 cudaError_t LaunchArgmax(const float* logits, int32_t rows, int32_t vocab, int32_t* out,
                          cudaStream_t stream) {
   if (rows <= 0 || vocab <= 0) return cudaErrorInvalidValue;
-  ArgmaxKernel<<<rows, kThreads, 0, stream>>>(logits, vocab, out);
+  SPECINFER_LAUNCH(rows, kThreads, 0, stream, ArgmaxKernel)(logits, vocab, out);
   return cudaGetLastError();
 }
 
@@ -212,7 +213,7 @@ cudaError_t LaunchSamplingProbs(const float* logits, int32_t rows, int32_t vocab
                                 SamplingConfig config, float* probs, cudaStream_t stream) {
   if (rows <= 0 || vocab <= 0 || !(config.top_p > 0.0f && config.top_p <= 1.0f) || config.top_k < 0)
     return cudaErrorInvalidValue;
-  SamplingProbsKernel<<<rows, kThreads, 0, stream>>>(logits, vocab, config, probs);
+  SPECINFER_LAUNCH(rows, kThreads, 0, stream, SamplingProbsKernel)(logits, vocab, config, probs);
   return cudaGetLastError();
 }
 

@@ -2,6 +2,7 @@
 #include <cuda_fp16.h>
 
 #include "device_types.cuh"
+#include "launch.cuh"
 #include "tree_attention.cuh"
 
 namespace specinfer::kernels {
@@ -53,7 +54,7 @@ constexpr int SharedFloats() {
 template <typename T, typename OutT, int kDMax>
 __global__ void __launch_bounds__(kWarps * 32) TreeAttentionKernel(const TreeAttentionParams p) {
   constexpr int kDPerLane = kDMax / 32;
-  extern __shared__ float smem[];
+  SPECINFER_DYNAMIC_SHARED(float, smem);
   float* q_s = smem;                                 // [16][kDMax]
   float* k_s = q_s + kTreeAttnRowsPerBlock * kDMax;  // [32][kDMax + 1] (padded: no conflicts)
   float* v_s = k_s + kTile * (kDMax + 1);            // [32][kDMax]
@@ -318,17 +319,19 @@ cudaError_t LaunchTyped(const TreeAttentionParams& p, cudaStream_t stream) {
   constexpr size_t smem = SharedFloats<kDMax>() * sizeof(float);
   // Above 48 KiB a kernel must opt in (once per instantiation).
   static const cudaError_t attr =
-      cudaFuncSetAttribute(TreeAttentionKernel<T, OutT, kDMax>,
+      cudaFuncSetAttribute(reinterpret_cast<const void*>(&TreeAttentionKernel<T, OutT, kDMax>),
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr != cudaSuccess) return attr;
   if (p.num_work > 0) {
-    TreeAttentionKernel<T, OutT, kDMax>
-        <<<dim3(p.num_work, p.kv_heads), kWarps * 32, smem, stream>>>(p);
+    SPECINFER_LAUNCH(dim3(p.num_work, p.kv_heads), kWarps * 32, smem, stream,
+                     TreeAttentionKernel<T, OutT, kDMax>)
+    (p);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
   if (p.any_split) {
-    TreeAttentionMergeKernel<OutT><<<dim3(p.num_tokens, p.qo_heads), 128, 0, stream>>>(p);
+    SPECINFER_LAUNCH(dim3(p.num_tokens, p.qo_heads), 128, 0, stream, TreeAttentionMergeKernel<OutT>)
+    (p);
     return cudaGetLastError();
   }
   return cudaSuccess;

@@ -16,7 +16,7 @@ PACKAGES=(
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libgtest-dev
   libopenblas-dev libpcre2-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libcpp-httplib-dev libyaml-cpp-dev libgloo-dev
+  libcpp-httplib-dev libyaml-cpp-dev libgloo-dev libboost-context-dev
 )
 
 missing=()

@@ -1,0 +1,618 @@
+// The CPU emulator's scheduler (fibers per CUDA thread, see cuda_emu.h), and the CUDA runtime and
+// cuBLAS entry points the backend uses, over host memory.
+#include "cuda_emu.h"
+
+#include <cblas.h>
+#include <cublas_v2.h>
+
+#include <boost/context/fiber.hpp>
+#include <boost/context/pooled_fixedsize_stack.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace specinfer::emu {
+namespace {
+
+namespace ctx = boost::context;
+
+constexpr size_t kDefaultSharedLimit = 48 * 1024;  // without cudaFuncAttributeMaxDynamic...
+constexpr size_t kSharedOptinLimit = 227 * 1024;   // H100: 227 KiB per block with the opt-in
+constexpr int kMaxThreadsPerBlock = 1024;
+
+thread_local cudaError_t g_last_error = cudaSuccess;
+
+[[noreturn]] void Fatal(const std::string& what) {
+  std::fprintf(stderr, "CUDA emulator: %s\n", what.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+std::string Dim(dim3 d) {
+  return "(" + std::to_string(d.x) + "," + std::to_string(d.y) + "," + std::to_string(d.z) + ")";
+}
+
+// One block in flight: its threads (fibers) and their barriers.
+class Block {
+ public:
+  Block(dim3 grid, dim3 block, uint3 block_idx, size_t shared_bytes,
+        const std::function<void()>& body, ctx::pooled_fixedsize_stack& stacks)
+      : grid_(grid), block_(block), block_idx_(block_idx), body_(body) {
+    n_ = static_cast<int>(block.x * block.y * block.z);
+    live_ = n_;
+    threads_.resize(n_);
+    warps_.resize((n_ + 31) / 32);
+    for (size_t w = 0; w < warps_.size(); ++w) {
+      const int size = WarpSize(static_cast<int>(w));
+      warps_[w].present = size == 32 ? 0xffffffffu : ((1u << size) - 1);
+    }
+    slots_[0].assign(warps_.size() * 32, 0);
+    slots_[1].assign(warps_.size() * 32, 0);
+    shared_.assign(shared_bytes + 16, 0xff);  // NaN bytes: reading what nobody wrote shows
+    for (int i = 0; i < n_; ++i) {
+      Thread& t = threads_[i];
+      t.idx =
+          uint3{static_cast<unsigned>(i % block.x), static_cast<unsigned>((i / block.x) % block.y),
+                static_cast<unsigned>(i / (block.x * block.y))};
+      t.fiber = ctx::fiber(std::allocator_arg, stacks, [this, i](ctx::fiber&& from) {
+        Arrived(std::move(from));
+        body_();
+        Exit(i);
+        // Straight on to the next thread that can run (or back to the scheduler).
+        const int next = NextRunnable(i);
+        prev_ = i;
+        current_ = next;
+        return std::move(next < 0 ? scheduler_ : threads_[next].fiber);
+      });
+    }
+  }
+
+  // Runs every thread to its end. Threads pass control to each other directly at barriers (one
+  // context switch each); the scheduler only starts the block and sees it end, or deadlock.
+  void Run() {
+    for (;;) {
+      const int next = NextRunnable(-1);
+      if (next < 0) {
+        if (live_ == 0) break;
+        Fatal(DeadlockReport());
+      }
+      prev_ = -1;
+      current_ = next;
+      Arrived(std::move(threads_[next].fiber).resume());
+    }
+    current_ = -1;
+  }
+
+  static Block* current_block;
+
+  const uint3& thread_idx() const { return threads_[current_].idx; }
+  const uint3& block_idx() const { return block_idx_; }
+  const dim3& block_dim() const { return block_; }
+  const dim3& grid_dim() const { return grid_; }
+  void* shared() { return shared_.data(); }
+  int lane() const { return current_ % 32; }
+
+  void SyncThreads() {
+    Thread& t = threads_[current_];
+    if (++bar_arrived_ == live_) {
+      Release();
+      return;
+    }
+    t.wait = Wait::kBlock;
+    t.wait_gen = bar_gen_;
+    Yield();
+  }
+
+  uint64_t Exchange(unsigned mask, uint64_t value, int src_lane) {
+    const int i = current_, w = i / 32;
+    CheckMask(mask, w, "a shuffle");
+    Warp& warp = warps_[w];
+    std::vector<uint64_t>& slots = slots_[warp.gen & 1];
+    slots[i] = value;
+    WarpBarrier(w);
+    // After the barrier warp.gen moved on; the values are in the slots of the previous parity.
+    const int src = w * 32 + src_lane;
+    const bool present = src < n_;
+    return present ? slots[src] : value;
+  }
+
+  unsigned Ballot(unsigned mask, bool pred) {
+    const int i = current_, w = i / 32;
+    CheckMask(mask, w, "a ballot");
+    Warp& warp = warps_[w];
+    std::vector<uint64_t>& slots = slots_[warp.gen & 1];
+    slots[i] = pred ? 1 : 0;
+    WarpBarrier(w);
+    unsigned bits = 0;
+    for (int l = 0; l < 32 && w * 32 + l < n_; ++l)
+      if (slots[w * 32 + l]) bits |= 1u << l;
+    return bits & mask;
+  }
+
+ private:
+  enum class Wait { kNone, kBlock, kWarp };
+  struct Thread {
+    ctx::fiber fiber;  // the thread, while suspended
+    uint3 idx{};
+    bool done = false;
+    Wait wait = Wait::kNone;
+    uint64_t wait_gen = 0;
+  };
+  struct Warp {
+    int arrived = 0;
+    uint64_t gen = 0;
+    unsigned present = 0;  // lanes that exist (a block's last warp may be partial)
+    unsigned exited = 0;   // lanes that have returned
+  };
+
+  bool Runnable(const Thread& t) const {
+    switch (t.wait) {
+      case Wait::kNone:
+        return true;
+      case Wait::kBlock:
+        return bar_gen_ != t.wait_gen;
+      case Wait::kWarp:
+        return warps_[(&t - threads_.data()) / 32].gen != t.wait_gen;
+    }
+    return true;
+  }
+
+  // The first runnable thread after `from` in order (not `from` itself), or -1.
+  int NextRunnable(int from) const {
+    for (int k = 1; k <= n_; ++k) {
+      const int j = (from + k) % n_;
+      if (j == from) break;
+      const Thread& t = threads_[j];
+      if (!t.done && Runnable(t)) return j;
+    }
+    return -1;
+  }
+
+  // Whoever switched to this context left its own continuation: keep it where it belongs.
+  void Arrived(ctx::fiber&& from) {
+    if (prev_ < 0) {
+      scheduler_ = std::move(from);
+    } else {
+      threads_[prev_].fiber = std::move(from);
+    }
+  }
+
+  // The current thread waits: control goes to the next runnable thread, or to the scheduler
+  // (which reports a deadlock) when there is none. Returns once the wait is over.
+  void Yield() {
+    const int me = current_;
+    const int next = NextRunnable(me);
+    prev_ = me;
+    current_ = next;
+    Arrived(std::move(next < 0 ? scheduler_ : threads_[next].fiber).resume());
+    current_ = me;
+    threads_[me].wait = Wait::kNone;
+  }
+
+  void Release() {
+    bar_arrived_ = 0;
+    ++bar_gen_;
+  }
+
+  int WarpSize(int w) const { return std::min(32, n_ - w * 32); }
+
+  void CheckMask(unsigned mask, int w, const char* what) {
+    const Warp& warp = warps_[w];
+    if ((mask & warp.present) != warp.present)
+      Fatal(std::string(what) + " with a partial mask (not emulated) in block " +
+            Dim(dim3(block_idx_.x, block_idx_.y, block_idx_.z)));
+    if (warp.exited != 0)
+      Fatal(std::string(what) + " in warp " + std::to_string(w) + " of block " +
+            Dim(dim3(block_idx_.x, block_idx_.y, block_idx_.z)) + " while lane " +
+            std::to_string(std::countr_zero(warp.exited)) + " has exited (undefined on a GPU)");
+  }
+
+  void WarpBarrier(int w) {
+    Warp& warp = warps_[w];
+    if (++warp.arrived == WarpSize(w)) {
+      warp.arrived = 0;
+      ++warp.gen;
+      return;
+    }
+    Thread& t = threads_[current_];
+    t.wait = Wait::kWarp;
+    t.wait_gen = warp.gen;
+    Yield();
+  }
+
+  void Exit(int i) {
+    threads_[i].done = true;
+    --live_;
+    const int w = i / 32;
+    warps_[w].exited |= 1u << (i % 32);
+    if (warps_[w].arrived > 0)
+      Fatal("thread " + std::to_string(i) + " of block " +
+            Dim(dim3(block_idx_.x, block_idx_.y, block_idx_.z)) +
+            " exited while its warp waits in a shuffle");
+    if (bar_arrived_ > 0 && bar_arrived_ == live_) Release();
+  }
+
+  std::string DeadlockReport() const {
+    int at_block = 0, at_warp = 0;
+    for (const Thread& t : threads_) {
+      if (t.done) continue;
+      if (t.wait == Wait::kBlock) ++at_block;
+      if (t.wait == Wait::kWarp) ++at_warp;
+    }
+    return "deadlock in block " + Dim(dim3(block_idx_.x, block_idx_.y, block_idx_.z)) + ": " +
+           std::to_string(at_block) + " threads wait in __syncthreads(), " +
+           std::to_string(at_warp) + " in warp operations, " + std::to_string(live_) + " live";
+  }
+
+  dim3 grid_, block_;
+  uint3 block_idx_;
+  const std::function<void()>& body_;
+  int n_ = 0;
+  int live_ = 0;
+  int current_ = -1;
+  int prev_ = -1;  // the context that switched to the one now running (-1: the scheduler)
+  ctx::fiber scheduler_;
+  std::vector<Thread> threads_;
+  std::vector<Warp> warps_;
+  std::vector<uint64_t> slots_[2];  // warp exchange, by generation parity
+  std::vector<uint8_t> shared_;
+  int bar_arrived_ = 0;
+  uint64_t bar_gen_ = 0;
+};
+
+Block* Block::current_block = nullptr;
+
+Block& Current() {
+  if (Block::current_block == nullptr) Fatal("a device function was called outside a kernel");
+  return *Block::current_block;
+}
+
+std::mutex& LaunchMutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::map<const void*, int>& DynamicSharedOptin() {
+  static std::map<const void*, int> m;
+  return m;
+}
+
+}  // namespace
+
+const uint3& ThreadIdx() { return Current().thread_idx(); }
+const uint3& BlockIdx() { return Current().block_idx(); }
+const dim3& BlockDim() { return Current().block_dim(); }
+const dim3& GridDim() { return Current().grid_dim(); }
+void* DynamicShared() { return Current().shared(); }
+void SyncThreads() { Current().SyncThreads(); }
+int LaneId() { return Current().lane(); }
+uint64_t WarpExchange(unsigned mask, uint64_t value, int src_lane) {
+  return Current().Exchange(mask, value, src_lane);
+}
+unsigned WarpBallot(unsigned mask, bool predicate) { return Current().Ballot(mask, predicate); }
+
+void Launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes,
+            const std::function<void()>& body) {
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || threads == 0 || grid.y > 65535 ||
+      grid.z > 65535 || block.z > 64 || threads > kMaxThreadsPerBlock) {
+    g_last_error = cudaErrorInvalidConfiguration;
+    return;
+  }
+  std::lock_guard<std::mutex> lock(LaunchMutex());
+  if (shared_bytes > kDefaultSharedLimit) {
+    auto it = DynamicSharedOptin().find(kernel);
+    if (it == DynamicSharedOptin().end() || static_cast<size_t>(it->second) < shared_bytes) {
+      g_last_error = cudaErrorInvalidValue;  // what a GPU says: too much shared memory
+      return;
+    }
+  }
+  static ctx::pooled_fixedsize_stack stacks(256 * 1024);
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        Block b(grid, block, uint3{x, y, z}, shared_bytes, body, stacks);
+        Block::current_block = &b;
+        b.Run();
+        Block::current_block = nullptr;
+      }
+}
+
+namespace {
+
+// Device memory: host memory, counted against an emulated capacity (SPECINFER_CUDA_EMU_MIB,
+// default 16 GiB) so that out-of-memory paths can be tested.
+struct Memory {
+  std::mutex mu;
+  std::map<void*, size_t> blocks;
+  size_t used = 0;
+  size_t capacity = 0;
+  Memory() {
+    const char* env = std::getenv("SPECINFER_CUDA_EMU_MIB");
+    capacity = (env ? std::strtoull(env, nullptr, 10) : 16384) << 20;
+  }
+};
+Memory& Mem() {
+  static Memory m;
+  return m;
+}
+
+cudaError_t Fail(cudaError_t e) {
+  g_last_error = e;
+  return e;
+}
+
+struct Event {
+  std::chrono::steady_clock::time_point t;
+};
+
+}  // namespace
+}  // namespace specinfer::emu
+
+using specinfer::emu::Fail;
+using specinfer::emu::Mem;
+
+// ---- CUDA runtime ------------------------------------------------------------------------------
+extern "C" {
+
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = specinfer::emu::g_last_error;
+  specinfer::emu::g_last_error = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError() { return specinfer::emu::g_last_error; }
+
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    default:
+      return "CUDA error (emulated)";
+  }
+}
+const char* cudaGetErrorName(cudaError_t e) { return cudaGetErrorString(e); }
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  return device == 0 ? cudaSuccess : Fail(cudaErrorInvalidDevice);
+}
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties_v2(cudaDeviceProp* prop, int device) {
+  if (device != 0) return Fail(cudaErrorInvalidDevice);
+  std::memset(prop, 0, sizeof(*prop));
+  std::snprintf(prop->name, sizeof(prop->name), "CUDA emulator on the CPU");
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = 132;
+  prop->totalGlobalMem = Mem().capacity;
+  prop->sharedMemPerBlock = specinfer::emu::kDefaultSharedLimit;
+  prop->sharedMemPerBlockOptin = specinfer::emu::kSharedOptinLimit;
+  prop->maxThreadsPerBlock = specinfer::emu::kMaxThreadsPerBlock;
+  prop->warpSize = 32;
+  prop->maxGridSize[0] = 0x7fffffff;
+  prop->maxGridSize[1] = prop->maxGridSize[2] = 65535;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  return cudaGetDeviceProperties_v2(prop, device);
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (device != 0) return Fail(cudaErrorInvalidDevice);
+  switch (attr) {
+    case cudaDevAttrMultiProcessorCount:
+      *value = 132;
+      return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = static_cast<int>(specinfer::emu::kSharedOptinLimit);
+      return cudaSuccess;
+    case cudaDevAttrMaxThreadsPerBlock:
+      *value = specinfer::emu::kMaxThreadsPerBlock;
+      return cudaSuccess;
+    default:
+      return Fail(cudaErrorInvalidValue);
+  }
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+    if (value < 0 || static_cast<size_t>(value) > specinfer::emu::kSharedOptinLimit)
+      return Fail(cudaErrorInvalidValue);
+    std::lock_guard<std::mutex> lock(specinfer::emu::LaunchMutex());
+    specinfer::emu::DynamicSharedOptin()[func] = value;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+  auto& m = Mem();
+  std::lock_guard<std::mutex> lock(m.mu);
+  *ptr = nullptr;
+  if (bytes > m.capacity - m.used) return Fail(cudaErrorMemoryAllocation);
+  const size_t rounded = (bytes + 255) / 256 * 256;
+  void* p = std::aligned_alloc(256, rounded == 0 ? 256 : rounded);
+  if (p == nullptr) return Fail(cudaErrorMemoryAllocation);
+  std::memset(p, 0xff, rounded);  // NaN bytes: fresh device memory holds no zeros to rely on
+  m.blocks[p] = bytes;
+  m.used += bytes;
+  *ptr = p;
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  auto& m = Mem();
+  std::lock_guard<std::mutex> lock(m.mu);
+  auto it = m.blocks.find(ptr);
+  if (it == m.blocks.end()) return Fail(cudaErrorInvalidValue);
+  m.used -= it->second;
+  m.blocks.erase(it);
+  std::free(ptr);
+  return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  auto& m = Mem();
+  std::lock_guard<std::mutex> lock(m.mu);
+  *free_bytes = m.capacity - m.used;
+  *total_bytes = m.capacity;
+  return cudaSuccess;
+}
+cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned int /*flags*/) {
+  *ptr = std::malloc(bytes == 0 ? 1 : bytes);
+  return *ptr ? cudaSuccess : Fail(cudaErrorMemoryAllocation);
+}
+cudaError_t cudaMallocHost(void** ptr, size_t bytes) { return cudaHostAlloc(ptr, bytes, 0); }
+cudaError_t cudaFreeHost(void* ptr) {
+  std::free(ptr);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind /*kind*/) {
+  if (bytes > 0 && (dst == nullptr || src == nullptr)) return Fail(cudaErrorInvalidValue);
+  if (bytes > 0) std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t) {
+  return cudaMemcpy(dst, src, bytes, kind);
+}
+cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+  if (bytes > 0 && dst == nullptr) return Fail(cudaErrorInvalidValue);
+  if (bytes > 0) std::memset(dst, value, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
+  return cudaMemset(dst, value, bytes);
+}
+
+// Streams are synchronous: work runs when it is issued.
+cudaError_t cudaStreamCreate(cudaStream_t* s) {
+  *s = reinterpret_cast<cudaStream_t>(new int(0));
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) { return cudaStreamCreate(s); }
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  delete reinterpret_cast<int*>(s);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+
+cudaError_t cudaEventCreate(cudaEvent_t* e) {
+  *e = reinterpret_cast<cudaEvent_t>(new specinfer::emu::Event());
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) { return cudaEventCreate(e); }
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete reinterpret_cast<specinfer::emu::Event*>(e);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+  reinterpret_cast<specinfer::emu::Event*>(e)->t = std::chrono::steady_clock::now();
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  const auto d = reinterpret_cast<specinfer::emu::Event*>(end)->t -
+                 reinterpret_cast<specinfer::emu::Event*>(start)->t;
+  *ms = std::chrono::duration<float, std::milli>(d).count();
+  return cudaSuccess;
+}
+
+}  // extern "C"
+
+// ---- cuBLAS: the two column-major GEMMs the backend calls, through OpenBLAS in float32 ----------
+namespace {
+
+struct CublasHandle {
+  cudaStream_t stream = nullptr;
+};
+
+// A column-major matrix of `type` with `cols` columns of leading dimension `ld`, as float32.
+bool ToFloat(const void* src, cudaDataType_t type, int64_t ld, int64_t cols,
+             std::vector<float>& out) {
+  const int64_t n = ld * cols;
+  out.resize(static_cast<size_t>(n));
+  switch (type) {
+    case CUDA_R_32F:
+      std::memcpy(out.data(), src, static_cast<size_t>(n) * sizeof(float));
+      return true;
+    case CUDA_R_16F:
+      for (int64_t i = 0; i < n; ++i) out[i] = __half2float(static_cast<const __half*>(src)[i]);
+      return true;
+    case CUDA_R_16BF:
+      for (int64_t i = 0; i < n; ++i)
+        out[i] = __bfloat162float(static_cast<const __nv_bfloat16*>(src)[i]);
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
+  *handle = reinterpret_cast<cublasHandle_t>(new CublasHandle());
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy_v2(cublasHandle_t handle) {
+  delete reinterpret_cast<CublasHandle*>(handle);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t stream) {
+  reinterpret_cast<CublasHandle*>(handle)->stream = stream;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
+
+cublasStatus_t cublasSgemm_v2(cublasHandle_t, cublasOperation_t transa, cublasOperation_t transb,
+                              int m, int n, int k, const float* alpha, const float* A, int lda,
+                              const float* B, int ldb, const float* beta, float* C, int ldc) {
+  if (m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  cblas_sgemm(CblasColMajor, transa == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
+              transb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, m, n, k, *alpha, A, lda, B, ldb,
+              *beta, C, ldc);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t transa, cublasOperation_t transb,
+                            int m, int n, int k, const void* alpha, const void* A,
+                            cudaDataType_t Atype, int lda, const void* B, cudaDataType_t Btype,
+                            int ldb, const void* beta, void* C, cudaDataType_t Ctype, int ldc,
+                            cublasComputeType_t computeType, cublasGemmAlgo_t) {
+  if (m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  if (computeType != CUBLAS_COMPUTE_32F || Ctype != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  std::vector<float> a, b;
+  if (!ToFloat(A, Atype, lda, transa == CUBLAS_OP_N ? k : m, a) ||
+      !ToFloat(B, Btype, ldb, transb == CUBLAS_OP_N ? n : k, b))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  cblas_sgemm(CblasColMajor, transa == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
+              transb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, m, n, k,
+              *static_cast<const float*>(alpha), a.data(), lda, b.data(), ldb,
+              *static_cast<const float*>(beta), static_cast<float*>(C), ldc);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // extern "C"
