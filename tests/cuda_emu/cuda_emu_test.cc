@@ -1,0 +1,185 @@
+// The CUDA emulator itself: thread and block indices, barriers, warp operations and the checks it
+// promises (a missing __syncthreads() shows, launch limits, the shared-memory opt-in, exited
+// lanes in a shuffle, deadlocks, out of memory). Compiled like the kernels (cuda_emu.h forced in).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "launch.cuh"
+
+namespace {
+
+__global__ void WriteIds(int* out) {
+  const int block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const int thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  out[block * blockDim.x * blockDim.y * blockDim.z + thread] = block * 1000 + thread;
+}
+
+// Thread 0 sums what the others wrote to shared memory, after a barrier or (wrongly) without.
+__global__ void SharedSum(float* out, bool sync) {
+  SPECINFER_DYNAMIC_SHARED(float, s);
+  s[threadIdx.x] = static_cast<float>(threadIdx.x);
+  if (sync) __syncthreads();
+  if (threadIdx.x == 0) {
+    float sum = 0.0f;
+    for (unsigned i = 0; i < blockDim.x; ++i) sum += s[i];
+    *out = sum;
+  }
+}
+
+__global__ void WarpOps(float* sums, int* broadcast, unsigned* ballots) {
+  float v = static_cast<float>(threadIdx.x % 32);
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  sums[threadIdx.x] = v;
+  broadcast[threadIdx.x] = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x), 5);
+  ballots[threadIdx.x] = __ballot_sync(0xffffffffu, threadIdx.x % 2 == 1);
+}
+
+__global__ void BigShared(float* out) {
+  SPECINFER_DYNAMIC_SHARED(float, s);
+  s[threadIdx.x] = 1.0f;
+  __syncthreads();
+  out[threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];
+}
+
+__global__ void ShuffleAfterExit(float* out) {
+  if (threadIdx.x == 3) return;
+  out[threadIdx.x] = __shfl_sync(0xffffffffu, 1.0f, 0);
+}
+
+// Lane 0 waits for its warp in a shuffle, the rest of the block waits for lane 0 in a barrier.
+__global__ void Deadlock(float* out) {
+  if (threadIdx.x == 0) {
+    out[0] = __shfl_sync(0xffffffffu, 1.0f, 0);
+  } else {
+    __syncthreads();
+  }
+}
+
+TEST(CudaEmulator, IndicesCoverEveryThreadOfEveryBlock) {
+  const dim3 grid(3, 2, 2), block(4, 3, 2);
+  const int n = 12 * 24;
+  int* d = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), n * sizeof(int)), cudaSuccess);
+  SPECINFER_LAUNCH(grid, block, 0, nullptr, WriteIds)(d);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  std::vector<int> got(n);
+  ASSERT_EQ(cudaMemcpy(got.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int b = 0; b < 12; ++b)
+    for (int t = 0; t < 24; ++t) EXPECT_EQ(got[b * 24 + t], b * 1000 + t);
+  cudaFree(d);
+}
+
+TEST(CudaEmulator, MissingBarrierShows) {
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), sizeof(float)), cudaSuccess);
+  for (bool sync : {true, false}) {
+    SPECINFER_LAUNCH(1, 64, 64 * sizeof(float), nullptr, SharedSum)(d, sync);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    float got = 0;
+    cudaMemcpy(&got, d, sizeof(float), cudaMemcpyDeviceToHost);
+    if (sync) {
+      EXPECT_EQ(got, 2016.0f);
+    } else {
+      // Thread 0 reads before the others have written: shared memory starts as NaN bytes.
+      EXPECT_TRUE(std::isnan(got)) << got;
+    }
+  }
+  cudaFree(d);
+}
+
+TEST(CudaEmulator, WarpShufflesAndBallots) {
+  const int n = 96;  // three warps
+  float* sums = nullptr;
+  int* bc = nullptr;
+  unsigned* ballots = nullptr;
+  cudaMalloc(reinterpret_cast<void**>(&sums), n * sizeof(float));
+  cudaMalloc(reinterpret_cast<void**>(&bc), n * sizeof(int));
+  cudaMalloc(reinterpret_cast<void**>(&ballots), n * sizeof(unsigned));
+  SPECINFER_LAUNCH(1, n, 0, nullptr, WarpOps)(sums, bc, ballots);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  for (int t = 0; t < n; ++t) {
+    EXPECT_EQ(sums[t], 496.0f) << t;  // 0 + 1 + ... + 31 in every lane
+    EXPECT_EQ(bc[t], t / 32 * 32 + 5) << t;
+    EXPECT_EQ(ballots[t], 0xaaaaaaaau) << t;
+  }
+  cudaFree(sums);
+  cudaFree(bc);
+  cudaFree(ballots);
+}
+
+TEST(CudaEmulator, SharedMemoryAbove48KiBNeedsTheOptIn) {
+  float* d = nullptr;
+  cudaMalloc(reinterpret_cast<void**>(&d), 128 * sizeof(float));
+  const size_t bytes = 64 * 1024;
+  SPECINFER_LAUNCH(1, 128, bytes, nullptr, BigShared)(d);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  ASSERT_EQ(
+      cudaFuncSetAttribute(reinterpret_cast<const void*>(&BigShared),
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+      cudaSuccess);
+  SPECINFER_LAUNCH(1, 128, bytes, nullptr, BigShared)(d);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(d[5], 1.0f);
+  EXPECT_EQ(cudaFuncSetAttribute(reinterpret_cast<const void*>(&BigShared),
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 300 * 1024),
+            cudaErrorInvalidValue);
+  cudaFree(d);
+}
+
+TEST(CudaEmulator, BadLaunchShapesAreErrors) {
+  float* d = nullptr;
+  cudaMalloc(reinterpret_cast<void**>(&d), sizeof(float));
+  SPECINFER_LAUNCH(1, 2048, 0, nullptr, BigShared)(d);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  SPECINFER_LAUNCH(dim3(1, 70000), 32, 0, nullptr, BigShared)(d);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  SPECINFER_LAUNCH(0, 32, 0, nullptr, BigShared)(d);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // read once, then cleared
+  cudaFree(d);
+}
+
+TEST(CudaEmulator, DeviceMemoryIsBoundedAndStartsAsNaN) {
+  size_t free_bytes = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
+  void* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, total + 1), cudaErrorMemoryAllocation);
+  EXPECT_EQ(p, nullptr);
+  cudaGetLastError();
+  float* f = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&f), 4 * sizeof(float)), cudaSuccess);
+  EXPECT_TRUE(std::isnan(f[0]));
+  size_t after = 0;
+  cudaMemGetInfo(&after, &total);
+  EXPECT_EQ(after, free_bytes - 4 * sizeof(float));
+  cudaFree(f);
+}
+
+using CudaEmulatorDeathTest = ::testing::Test;
+
+TEST(CudaEmulatorDeathTest, ShuffleWithAnExitedLaneAborts) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        float* d = nullptr;
+        cudaMalloc(reinterpret_cast<void**>(&d), 32 * sizeof(float));
+        SPECINFER_LAUNCH(1, 32, 0, nullptr, ShuffleAfterExit)(d);
+      },
+      "exited");
+}
+
+TEST(CudaEmulatorDeathTest, DeadlockAborts) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        float* d = nullptr;
+        cudaMalloc(reinterpret_cast<void**>(&d), 64 * sizeof(float));
+        SPECINFER_LAUNCH(1, 64, 0, nullptr, Deadlock)(d);
+      },
+      "deadlock");
+}
+
+}  // namespace
