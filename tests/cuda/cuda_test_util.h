@@ -14,6 +14,14 @@
 
 namespace specinfer::testing {
 
+// True where these tests run on the CPU emulator of tests/cuda_emu (cuda_emu_tests), some
+// hundreds of times slower than a GPU: the longest end-to-end tests generate fewer tokens there.
+#if defined(SPECINFER_CUDA_EMULATION)
+inline constexpr bool kEmulated = true;
+#else
+inline constexpr bool kEmulated = false;
+#endif
+
 #define CUDA_OK(expr)                                                              \
   do {                                                                             \
     const cudaError_t si_err = (expr);                                             \
