@@ -4,7 +4,10 @@
 
 #include <cblas.h>
 #include <cublas_v2.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <boost/context/fiber.hpp>
 #include <boost/context/pooled_fixedsize_stack.hpp>
 #include <chrono>
@@ -327,8 +330,13 @@ namespace {
 // Device memory: host memory, counted against an emulated capacity (SPECINFER_CUDA_EMU_MIB,
 // default 16 GiB) so that out-of-memory paths can be tested.
 struct Memory {
+  struct Block {
+    size_t bytes = 0;  // as asked
+    void* base = nullptr;
+    size_t mapped = 0;  // the mapping, guard page included
+  };
   std::mutex mu;
-  std::map<void*, size_t> blocks;
+  std::map<void*, Block> blocks;
   size_t used = 0;
   size_t capacity = 0;
   Memory() {
@@ -443,16 +451,24 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
   return cudaSuccess;
 }
 
+// Each buffer ends where an inaccessible guard page begins (less the rounding to cudaMalloc's
+// 256-byte alignment): a kernel reading or writing past the end of its buffer crashes, as the
+// GPU's memory checker would report it, instead of reading a neighbour's data.
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   auto& m = Mem();
   std::lock_guard<std::mutex> lock(m.mu);
   *ptr = nullptr;
   if (bytes > m.capacity - m.used) return Fail(cudaErrorMemoryAllocation);
-  const size_t rounded = (bytes + 255) / 256 * 256;
-  void* p = std::aligned_alloc(256, rounded == 0 ? 256 : rounded);
-  if (p == nullptr) return Fail(cudaErrorMemoryAllocation);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t rounded = std::max<size_t>(256, (bytes + 255) / 256 * 256);
+  const size_t mapped = (rounded + page - 1) / page * page + page;
+  void* base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) return Fail(cudaErrorMemoryAllocation);
+  uint8_t* guard = static_cast<uint8_t*>(base) + mapped - page;
+  mprotect(guard, page, PROT_NONE);
+  uint8_t* p = guard - rounded;
   std::memset(p, 0xff, rounded);  // NaN bytes: fresh device memory holds no zeros to rely on
-  m.blocks[p] = bytes;
+  m.blocks[p] = specinfer::emu::Memory::Block{bytes, base, mapped};
   m.used += bytes;
   *ptr = p;
   return cudaSuccess;
@@ -463,9 +479,9 @@ cudaError_t cudaFree(void* ptr) {
   std::lock_guard<std::mutex> lock(m.mu);
   auto it = m.blocks.find(ptr);
   if (it == m.blocks.end()) return Fail(cudaErrorInvalidValue);
-  m.used -= it->second;
+  m.used -= it->second.bytes;
+  munmap(it->second.base, it->second.mapped);
   m.blocks.erase(it);
-  std::free(ptr);
   return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {

@@ -49,6 +49,8 @@ __global__ void ShuffleAfterExit(float* out) {
   out[threadIdx.x] = __shfl_sync(0xffffffffu, 1.0f, 0);
 }
 
+__global__ void WriteAt(float* p, int i) { p[i] = 1.0f; }
+
 // Lane 0 waits for its warp in a shuffle, the rest of the block waits for lane 0 in a barrier.
 __global__ void Deadlock(float* out) {
   if (threadIdx.x == 0) {
@@ -169,6 +171,16 @@ TEST(CudaEmulatorDeathTest, ShuffleWithAnExitedLaneAborts) {
         SPECINFER_LAUNCH(1, 32, 0, nullptr, ShuffleAfterExit)(d);
       },
       "exited");
+}
+
+TEST(CudaEmulatorDeathTest, WritingPastTheEndOfABufferCrashes) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), 64 * sizeof(float)), cudaSuccess);
+  SPECINFER_LAUNCH(1, 1, 0, nullptr, WriteAt)(d, 63);  // the last element: fine
+  EXPECT_EQ(d[63], 1.0f);
+  EXPECT_DEATH(SPECINFER_LAUNCH(1, 1, 0, nullptr, WriteAt)(d, 64), "");
+  cudaFree(d);
 }
 
 TEST(CudaEmulatorDeathTest, DeadlockAborts) {
