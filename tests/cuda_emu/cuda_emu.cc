@@ -164,10 +164,18 @@ class Block {
     return true;
   }
 
-  // The first runnable thread after `from` in order (not `from` itself), or -1.
+  // The first runnable thread after `from` in scheduling order (not `from` itself), or -1;
+  // from = -1 starts the order. The order is by thread index, or the reverse with
+  // SPECINFER_CUDA_EMU_ORDER=reverse: a kernel that is right only in one order depends on what
+  // CUDA leaves unordered (threads between barriers).
   int NextRunnable(int from) const {
+    static const bool reverse = [] {
+      const char* env = std::getenv("SPECINFER_CUDA_EMU_ORDER");
+      return env != nullptr && std::string(env) == "reverse";
+    }();
+    const int start = from < 0 ? (reverse ? n_ : -1) : from;
     for (int k = 1; k <= n_; ++k) {
-      const int j = (from + k) % n_;
+      const int j = reverse ? ((start - k) % n_ + n_) % n_ : (start + k) % n_;
       if (j == from) break;
       const Thread& t = threads_[j];
       if (!t.done && Runnable(t)) return j;
