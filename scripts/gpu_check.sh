@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# On a machine with an NVIDIA GPU: everything the CUDA backend must show, in steps that each fit a
+# 10-minute window (run them one after another, or `all`):
+#   scripts/gpu_check.sh build       set up and build (scripts/setup.sh)
+#   scripts/gpu_check.sh tests       the GPU tests (ctest -L gpu: cuda_tests on GPU 0)
+#   scripts/gpu_check.sh attention   tree-attention kernel, trees 8-128, contexts 512-8192, batch 1-32
+#   scripts/gpu_check.sh step        one step of a random fp16 Llama-2-7B shape by tree size 1-128,
+#                                    then decode tokens/s
+#   scripts/gpu_check.sh torch       the same beside PyTorch SDPA and HF transformers (needs torch,
+#                                    transformers)
+# Exits non-zero when there is no GPU (nvidia-smi finds none) or a step fails.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
+step="${1:-all}"
+
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "error: no NVIDIA GPU found (nvidia-smi -L): these checks need one" >&2
+  exit 2
+fi
+
+run_step() {
+  case "$1" in
+    build) "$ROOT/scripts/setup.sh" ;;
+    tests) ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure ;;
+    attention) "$BUILD_DIR/bench_cuda_attention" ;;
+    step)
+      "$BUILD_DIR/bench_cuda_step"
+      "$BUILD_DIR/bench_cuda_step" --decode 128
+      ;;
+    torch) python3 "$ROOT/scripts/bench_cuda_vs_torch.py" --build "$BUILD_DIR" ;;
+    *)
+      echo "error: unknown step '$1' (build, tests, attention, step, torch or all)" >&2
+      exit 2
+      ;;
+  esac
+}
+
+if [[ "$step" == all ]]; then
+  for s in build tests attention step torch; do
+    echo "== $s"
+    run_step "$s"
+  done
+else
+  run_step "$step"
+fi
