@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA GPU: everything the CUDA backend must show, in steps that each fit a
-# 10-minute window (run them one after another, or `all`):
+# On a machine with an NVIDIA GPU: everything the CUDA backend must show, in steps that can be run
+# one at a time (where a command has a time limit) or all in order (`all`):
 #   scripts/gpu_check.sh build       set up and build (scripts/setup.sh)
 #   scripts/gpu_check.sh tests       the GPU tests (ctest -L gpu: cuda_tests on GPU 0)
 #   scripts/gpu_check.sh attention   tree-attention kernel, trees 8-128, contexts 512-8192, batch 1-32
