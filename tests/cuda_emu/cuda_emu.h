@@ -16,7 +16,9 @@
 // shared memory above 48 KiB without the opt-in attribute), shared memory and fresh cudaMalloc
 // memory poisoned with NaN bytes, warp operations with lanes that have exited (undefined on a
 // GPU) or with partial masks (not emulated: an error), deadlocks (a __syncthreads() that not every
-// live thread reaches). It says nothing about speed, coalescing, bank conflicts, or races between
+// live thread reaches), accesses past the end of a cudaMalloc buffer (a guard page follows it),
+// and, with SPECINFER_CUDA_EMU_ORDER=reverse, results that depend on the order of a block's
+// threads between barriers. It says nothing about speed, coalescing, bank conflicts, or races between
 // blocks (blocks run one at a time); device math (exp2f, expf) is the host's, which may differ
 // from the GPU's in the last bits.
 #pragma once
