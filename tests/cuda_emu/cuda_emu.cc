@@ -111,27 +111,16 @@ class Block {
   }
 
   uint64_t Exchange(unsigned mask, uint64_t value, int src_lane) {
-    const int i = current_, w = i / 32;
-    CheckMask(mask, w, "a shuffle");
-    Warp& warp = warps_[w];
-    std::vector<uint64_t>& slots = slots_[warp.gen & 1];
-    slots[i] = value;
-    WarpBarrier(w);
-    // After the barrier warp.gen moved on; the values are in the slots of the previous parity.
-    const int src = w * 32 + src_lane;
-    const bool present = src < n_;
-    return present ? slots[src] : value;
+    const int src = current_ / 32 * 32 + src_lane;
+    const std::vector<uint64_t>& slots = Publish(mask, value, "a shuffle");
+    return src < n_ ? slots[src] : value;
   }
 
   unsigned Ballot(unsigned mask, bool pred) {
-    const int i = current_, w = i / 32;
-    CheckMask(mask, w, "a ballot");
-    Warp& warp = warps_[w];
-    std::vector<uint64_t>& slots = slots_[warp.gen & 1];
-    slots[i] = pred ? 1 : 0;
-    WarpBarrier(w);
+    const int w = current_ / 32;
+    const std::vector<uint64_t>& slots = Publish(mask, pred ? 1 : 0, "a ballot");
     unsigned bits = 0;
-    for (int l = 0; l < 32 && w * 32 + l < n_; ++l)
+    for (int l = 0; l < WarpSize(w); ++l)
       if (slots[w * 32 + l]) bits |= 1u << l;
     return bits & mask;
   }
@@ -214,12 +203,24 @@ class Block {
   void CheckMask(unsigned mask, int w, const char* what) {
     const Warp& warp = warps_[w];
     if ((mask & warp.present) != warp.present)
-      Fatal(std::string(what) + " with a partial mask (not emulated) in block " +
-            Dim(dim3(block_idx_.x, block_idx_.y, block_idx_.z)));
+      Fatal(std::string(what) + " with a partial mask (not emulated) in " + Where());
     if (warp.exited != 0)
-      Fatal(std::string(what) + " in warp " + std::to_string(w) + " of block " +
-            Dim(dim3(block_idx_.x, block_idx_.y, block_idx_.z)) + " while lane " +
-            std::to_string(std::countr_zero(warp.exited)) + " has exited (undefined on a GPU)");
+      Fatal(std::string(what) + " in warp " + std::to_string(w) + " of " + Where() +
+            " while lane " + std::to_string(std::countr_zero(warp.exited)) +
+            " has exited (undefined on a GPU)");
+  }
+
+  // The current thread gives `value` to its warp and waits for every lane to give theirs; returns
+  // the slots holding them (by thread index). They stay intact until the warp's next-but-one
+  // operation, which no lane can reach before all have read these: slots alternate by the
+  // warp's generation.
+  const std::vector<uint64_t>& Publish(unsigned mask, uint64_t value, const char* what) {
+    const int i = current_, w = i / 32;
+    CheckMask(mask, w, what);
+    std::vector<uint64_t>& slots = slots_[warps_[w].gen & 1];
+    slots[i] = value;
+    WarpBarrier(w);
+    return slots;
   }
 
   void WarpBarrier(int w) {
@@ -241,10 +242,13 @@ class Block {
     const int w = i / 32;
     warps_[w].exited |= 1u << (i % 32);
     if (warps_[w].arrived > 0)
-      Fatal("thread " + std::to_string(i) + " of block " +
-            Dim(dim3(block_idx_.x, block_idx_.y, block_idx_.z)) +
+      Fatal("thread " + std::to_string(i) + " of " + Where() +
             " exited while its warp waits in a shuffle");
     if (bar_arrived_ > 0 && bar_arrived_ == live_) Release();
+  }
+
+  std::string Where() const {
+    return "block " + Dim(dim3(block_idx_.x, block_idx_.y, block_idx_.z));
   }
 
   std::string DeadlockReport() const {
@@ -254,9 +258,9 @@ class Block {
       if (t.wait == Wait::kBlock) ++at_block;
       if (t.wait == Wait::kWarp) ++at_warp;
     }
-    return "deadlock in block " + Dim(dim3(block_idx_.x, block_idx_.y, block_idx_.z)) + ": " +
-           std::to_string(at_block) + " threads wait in __syncthreads(), " +
-           std::to_string(at_warp) + " in warp operations, " + std::to_string(live_) + " live";
+    return "deadlock in " + Where() + ": " + std::to_string(at_block) +
+           " threads wait in __syncthreads(), " + std::to_string(at_warp) +
+           " in warp operations, " + std::to_string(live_) + " live";
   }
 
   dim3 grid_, block_;
