@@ -162,15 +162,16 @@ TEST(CudaEmulator, DeviceMemoryIsBoundedAndStartsAsNaN) {
 
 using CudaEmulatorDeathTest = ::testing::Test;
 
+// One block of `threads` threads of `kernel` on a fresh buffer of as many floats.
+void LaunchOnBuffer(void (*kernel)(float*), int threads) {
+  float* d = nullptr;
+  cudaMalloc(reinterpret_cast<void**>(&d), threads * sizeof(float));
+  SPECINFER_LAUNCH(1, threads, 0, nullptr, kernel)(d);
+}
+
 TEST(CudaEmulatorDeathTest, ShuffleWithAnExitedLaneAborts) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_DEATH(
-      {
-        float* d = nullptr;
-        cudaMalloc(reinterpret_cast<void**>(&d), 32 * sizeof(float));
-        SPECINFER_LAUNCH(1, 32, 0, nullptr, ShuffleAfterExit)(d);
-      },
-      "exited");
+  EXPECT_DEATH(LaunchOnBuffer(ShuffleAfterExit, 32), "exited");
 }
 
 TEST(CudaEmulatorDeathTest, WritingPastTheEndOfABufferCrashes) {
@@ -185,13 +186,7 @@ TEST(CudaEmulatorDeathTest, WritingPastTheEndOfABufferCrashes) {
 
 TEST(CudaEmulatorDeathTest, DeadlockAborts) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_DEATH(
-      {
-        float* d = nullptr;
-        cudaMalloc(reinterpret_cast<void**>(&d), 64 * sizeof(float));
-        SPECINFER_LAUNCH(1, 64, 0, nullptr, Deadlock)(d);
-      },
-      "deadlock");
+  EXPECT_DEATH(LaunchOnBuffer(Deadlock, 64), "deadlock");
 }
 
 }  // namespace
