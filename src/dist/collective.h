@@ -32,6 +32,7 @@
 
 #include <gloo/rendezvous/store.h>
 
+#include "backend/collective.h"
 #include "specinfer/status.h"
 
 namespace gloo {
@@ -68,12 +69,8 @@ class RendezvousTable {
 std::unique_ptr<gloo::rendezvous::Store> MakeGrpcRendezvousStore(
     const std::string& address, std::chrono::milliseconds timeout);
 
-struct CollectiveLayout {
-  int32_t stage = 0, num_stages = 1;
-  int32_t tp_rank = 0, tp_size = 1;
-};
-
-class CollectiveGroup {
+// The Gloo implementation of backend/collective.h's interface.
+class CollectiveGroup final : public Collective {
  public:
   // Connects this worker's TP group and pipeline link for `epoch` through `store`, listening on
   // `hostname` (an address the peers can reach). Blocks until every peer has connected;
@@ -83,16 +80,16 @@ class CollectiveGroup {
                                                          const CollectiveLayout& layout,
                                                          uint64_t epoch,
                                                          std::chrono::milliseconds timeout);
-  ~CollectiveGroup();
+  ~CollectiveGroup() override;
 
   const CollectiveLayout& layout() const { return layout_; }
 
   // TP all-gather: `out` receives every TP rank's `in` in rank order, counts[r] floats from rank
   // r (counts.size() == tp_size; this rank sends counts[tp_rank] floats from `in`).
-  Status AllGather(const float* in, float* out, std::span<const size_t> counts);
+  Status AllGather(const float* in, float* out, std::span<const size_t> counts) override;
   // Pipeline: `count` floats to the same tp rank of the next stage / from the previous one.
-  Status SendToNextStage(const float* data, size_t count);
-  Status RecvFromPrevStage(float* data, size_t count);
+  Status SendToNextStage(const float* data, size_t count) override;
+  Status RecvFromPrevStage(float* data, size_t count) override;
 
   // Seconds spent in collectives since the last call (waiting on peers included).
   double TakeSeconds();

@@ -9,7 +9,8 @@
 #include <functional>
 
 #include "dist/collective.h"
-#include "dist/llm_shard.h"
+#include "backend/cpu/shard_runner.h"
+#include "backend/forward_check.h"
 #include "dist/model_identity.h"
 #include "proto/llm_worker.grpc.pb.h"
 
@@ -278,11 +279,6 @@ Status RemoteLlmRunner::Probe() {
 
 Status RemoteLlmRunner::CheckKvEpochs(const ForwardBatch& batch, const KvCacheManager& kv) {
   for (const BatchSequence& s : batch.seqs) {
-    if (!kv.HasSequence(s.seq)) return InvalidArgumentError("batch names an unknown sequence");
-    if (kv.Length(s.seq) < s.kv_end())
-      return FailedPreconditionError("KV slots not reserved for the batch");
-    for (int32_t b : kv.BlockTable(s.seq))
-      if (b < 0 || b >= kv_blocks_) return InternalError("KV block outside the group's storage");
     if (s.kv_prefix + s.masked_kv == 0) continue;  // needs no earlier entries
     auto it = seq_epoch_.find(s.seq);
     if (it == seq_epoch_.end() || it->second != epoch_)
@@ -296,14 +292,12 @@ Status RemoteLlmRunner::CheckKvEpochs(const ForwardBatch& batch, const KvCacheMa
 Status RemoteLlmRunner::Forward(const ForwardBatch& batch, const KvCacheManager& kv,
                                 std::span<float> logits) {
   const ModelConfig& c = model_->config();
-  SI_RETURN_IF_ERROR(batch.Validate(c.vocab_size));
-  const size_t m = batch.logit_rows.size();
-  if (logits.size() < m * c.vocab_size) return InvalidArgumentError("logits buffer too small");
   std::lock_guard lock(mu_);
-  if (kv.block_size() != kv_block_size_)
-    return InvalidArgumentError("KV cache block size " + std::to_string(kv.block_size()) +
-                                " differs from the LLM workers' " + std::to_string(kv_block_size_));
+  SI_RETURN_IF_ERROR(
+      CheckForward(batch, kv, ForwardLimits{c.vocab_size, kv_blocks_, kv_block_size_},
+                   logits.size()));
   if (batch.size() == 0) return Status::Ok();
+  const size_t m = batch.logit_rows.size();
   if (broken_) {
     SI_RETURN_IF_ERROR(RegisterAll(/*first=*/false));
     SI_RETURN_IF_ERROR(Reform());
@@ -399,15 +393,10 @@ Status RemoteLlmRunner::Forward(const ForwardBatch& batch, const KvCacheManager&
 
 Status RemoteLlmRunner::MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,
                                std::span<const int32_t> dst) {
-  if (src.size() != dst.size()) return InvalidArgumentError("MoveKv: src and dst differ in size");
-  if (!kv.HasSequence(seq)) return InvalidArgumentError("MoveKv: unknown sequence");
+  SI_RETURN_IF_ERROR(CheckMoveKv(kv, seq, src, dst));
   const int32_t len = kv.Length(seq);
   bool any = false;
-  for (size_t i = 0; i < src.size(); ++i) {
-    if (src[i] < 0 || src[i] >= len || dst[i] < 0 || dst[i] >= len)
-      return InvalidArgumentError("MoveKv: position out of range");
-    any |= src[i] != dst[i];
-  }
+  for (size_t i = 0; i < src.size(); ++i) any |= src[i] != dst[i];
   if (!any) return Status::Ok();
   std::lock_guard lock(mu_);
   if (broken_) return UnavailableError("LLM group is down (re-forming on the next pass)");

@@ -1,7 +1,8 @@
 // The request manager's side of a TP x PP group of LLM workers (dist/llm_worker.h): a
 // ModelRunner whose forward passes run on the group, so BatchGenerator, SequenceRun and the
 // speculators drive a distributed LLM exactly as they drive CpuModelRunner, and greedy output
-// is the same token for token (the workers' logits are bit-identical, see dist/llm_shard.h).
+// is the same token for token (the workers' logits are bit-identical, see
+// backend/cpu/shard_runner.h).
 //
 // Traffic per pass: the batch's token ids, positions, per-sequence ranges, block tables and
 // tree-mask bits go to every worker (a few bytes per token); logits rows come back from the

@@ -10,8 +10,9 @@
 #include <random>
 
 #include "backend/backend.h"
+#include "backend/cpu/shard_runner.h"
+#include "backend/forward_check.h"
 #include "dist/collective.h"
-#include "dist/llm_shard.h"
 #include "dist/model_identity.h"
 #include "model/dequantize.h"
 #include "model/loader.h"
@@ -58,19 +59,13 @@ std::string MachineHostname() {
 }
 
 // Checks a block table sent over the wire against this worker's capacity and the positions it
-// must cover.
-Status CheckBlockTable(const google::protobuf::RepeatedField<int32_t>& table, int64_t covers,
-                       int32_t num_blocks, int32_t block_size, const std::string& what) {
-  if (table.size() > num_blocks)
-    return InvalidArgumentError(what + ": block table longer than the KV capacity");
-  for (int32_t b : table)
-    if (b < 0 || b >= num_blocks)
-      return InvalidArgumentError(what + ": KV block " + std::to_string(b) + " outside [0, " +
-                                  std::to_string(num_blocks) + ")");
-  if (covers > static_cast<int64_t>(table.size()) * block_size)
-    return InvalidArgumentError(what + ": block table does not cover its " +
-                                std::to_string(covers) + " positions");
-  return Status::Ok();
+// must cover (backend/forward_check.h).
+Status CheckWireTable(const google::protobuf::RepeatedField<int32_t>& table, int64_t covers,
+                      const CpuShardRunner& runner, const std::string& what) {
+  const ForwardLimits limits{runner.model().config().vocab_size, runner.num_kv_blocks(),
+                             runner.kv_block_size()};
+  return CheckBlockTable(std::span<const int32_t>(table.data(), static_cast<size_t>(table.size())),
+                         covers, limits, what);
 }
 
 }  // namespace
@@ -199,7 +194,8 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
     SI_RETURN_GRPC(CheckEpoch(req->epoch()));
     const auto t0 = Clock::now();
     std::vector<float> logits;
-    Status s = runner_->Forward(batch, tables, group_.get(), &logits);
+    if (runner_->last_stage()) logits.resize(batch.logit_rows.size() * runner_->vocab().count);
+    Status s = runner_->Forward(batch, tables, group_.get(), logits);
     const double collective = group_ ? group_->TakeSeconds() : 0.0;
     if (!s.ok()) {
       if (s.code() == StatusCode::kAborted) {
@@ -304,7 +300,7 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
   // checking every field first.
   Status Parse(const pb::LlmForwardRequest& req, ForwardBatch& batch,
                std::vector<TreeMask>& masks, std::vector<std::span<const int32_t>>& tables) {
-    const int32_t bs = runner_->kv_block_size(), blocks = runner_->num_kv_blocks();
+    const int32_t bs = runner_->kv_block_size();
     if (req.kv_block_size() != bs)
       return InvalidArgumentError("KV block size " + std::to_string(req.kv_block_size()) +
                                   " differs from the worker's " + std::to_string(bs));
@@ -332,7 +328,7 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
       if (s.token_count() <= 0 || s.token_begin() < 0 || s.kv_prefix() < 0 || s.masked_kv() < 0)
         return InvalidArgumentError(what + ": negative or empty ranges");
       const int64_t kv_end = int64_t{s.kv_prefix()} + s.masked_kv() + s.token_count();
-      SI_RETURN_IF_ERROR(CheckBlockTable(s.block_table(), kv_end, blocks, bs, what));
+      SI_RETURN_IF_ERROR(CheckWireTable(s.block_table(), kv_end, *runner_, what));
       BatchSequence b;
       b.seq = s.seq();
       b.token_begin = s.token_begin();
@@ -365,8 +361,7 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
       return InvalidArgumentError("MoveKv: src and dst differ in size");
     if (req.src_size() > kMaxMoves) return InvalidArgumentError("MoveKv: too many moves");
     if (req.length() < 0) return InvalidArgumentError("MoveKv: negative length");
-    SI_RETURN_IF_ERROR(
-        CheckBlockTable(req.block_table(), req.length(), runner_->num_kv_blocks(), bs, "MoveKv"));
+    SI_RETURN_IF_ERROR(CheckWireTable(req.block_table(), req.length(), *runner_, "MoveKv"));
     for (int i = 0; i < req.src_size(); ++i)
       if (req.src(i) < 0 || req.src(i) >= req.length() || req.dst(i) < 0 ||
           req.dst(i) >= req.length())
@@ -413,8 +408,11 @@ StatusOr<std::unique_ptr<LlmWorkerServer>> LlmWorkerServer::Start(
   const CollectiveLayout layout{o.stage, o.num_stages, o.tp_rank, o.tp_size};
   const int32_t blocks =
       KvBlocksPerSequence(model->config().max_seq_len, o.kv_block_size) * o.max_sequences;
-  SI_ASSIGN_OR_RETURN(auto runner, CpuShardRunner::Create(std::move(model), layout, blocks,
-                                                          o.kv_block_size, o.num_threads));
+  CpuRunnerOptions ro;
+  ro.num_threads = o.num_threads;
+  ro.num_kv_blocks = blocks;
+  ro.kv_block_size = o.kv_block_size;
+  SI_ASSIGN_OR_RETURN(auto runner, CpuShardRunner::Create(std::move(model), layout, ro));
   auto impl = std::make_unique<Impl>(o, std::move(runner), fingerprint);
   SI_RETURN_IF_ERROR(impl->Listen());
   return std::unique_ptr<LlmWorkerServer>(new LlmWorkerServer(std::move(impl)));

@@ -1,7 +1,7 @@
 // An LLM worker: one (pipeline stage, tensor-parallel rank) share of the model
-// (dist/llm_shard.h) behind the gRPC service of proto/llm_worker.proto. The request manager's
-// RemoteLlmRunner (dist/llm_client.h) registers it, joins it into a Gloo group with its peers
-// and sends it every forward pass of the group.
+// (backend/cpu/shard_runner.h) behind the gRPC service of proto/llm_worker.proto. The request
+// manager's RemoteLlmRunner (dist/llm_client.h) registers it, joins it into a Gloo group with
+// its peers and sends it every forward pass of the group.
 //
 // The worker keeps no per-sequence state: every Forward carries the sequences' block tables,
 // and its KV storage ([its layers][slot][its KV heads]) is addressed only through them. Every

@@ -209,5 +209,21 @@ TEST_F(CpuRunnerTest, BadBatchesAreRejected) {
   EXPECT_EQ(runner_->Forward(b, *kv_, logits).code(), StatusCode::kInvalidArgument);
 }
 
+// A KV manager planning blocks of another size than the runner's storage would address the
+// wrong slots: the runner refuses it (CheckForward), as the CUDA and remote runners do.
+TEST_F(CpuRunnerTest, RefusesAKvManagerWithAnotherBlockSize) {
+  KvCacheManager other(64, 8);
+  SeqId s = other.AddSequence();
+  ASSERT_TRUE(other.Reserve(s, 1).ok());
+  ForwardBatch b;
+  std::vector<int32_t> t = {1}, p = {0};
+  b.AddSequence(s, t, p, 0, nullptr);
+  b.logit_rows = {0};
+  std::vector<float> logits(vocab());
+  Status st = runner_->Forward(b, other, logits);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("block size"), std::string::npos) << st.ToString();
+}
+
 }  // namespace
 }  // namespace specinfer

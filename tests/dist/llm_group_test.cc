@@ -9,7 +9,7 @@
 #include <optional>
 #include <tuple>
 
-#include "dist/llm_shard.h"
+#include "backend/cpu/shard_runner.h"
 #include "dist/model_identity.h"
 #include "engine/batch_generator.h"
 #include "llm_test_util.h"

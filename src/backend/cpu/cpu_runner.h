@@ -2,7 +2,11 @@
 // host memory. It is the fallback for machines without a GPU and the reference every CUDA
 // kernel is checked against.
 //
-// Thread safety: one Forward/MoveKv at a time (the engine's step loop); the runner uses its own
+// The layer program is CpuShardRunner's (backend/cpu/shard_runner.h) with a 1 x 1 layout: this
+// class only adapts it to the ModelRunner interface (block tables from the KvCacheManager,
+// CheckForward) and adds nothing to the hot path.
+//
+// Thread safety: one Forward/MoveKv at a time (the engine's step loop); the runner uses its
 // thread pool inside.
 #pragma once
 
@@ -11,19 +15,10 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/cpu/ops.h"
+#include "backend/cpu/shard_runner.h"
 #include "common/thread_pool.h"
 
 namespace specinfer {
-
-struct CpuRunnerOptions {
-  int32_t num_threads = 0;    // 0: all hardware threads
-  int32_t num_kv_blocks = 0;  // KV storage, in blocks of kv_block_size positions
-  int32_t kv_block_size = 16;
-  // Threads to run on, shared with other runners that take turns with this one (an LLM and its
-  // draft models); null: a pool of num_threads of its own.
-  std::shared_ptr<ThreadPool> pool;
-};
 
 class CpuModelRunner final : public ModelRunner {
  public:
@@ -32,42 +27,22 @@ class CpuModelRunner final : public ModelRunner {
   static StatusOr<std::unique_ptr<CpuModelRunner>> Create(std::shared_ptr<const Model> model,
                                                           const CpuRunnerOptions& options);
 
-  const Model& model() const override { return *model_; }
+  const Model& model() const override { return shard_->model(); }
   std::string name() const override { return "cpu"; }
+  // Refuses (CheckForward) a KV manager whose block size is not options.kv_block_size.
   Status Forward(const ForwardBatch& batch, const KvCacheManager& kv,
                  std::span<float> logits) override;
   Status MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,
                 std::span<const int32_t> dst) override;
-  int32_t num_kv_blocks() const override { return num_kv_blocks_; }
-  int32_t num_threads() const { return pool_->num_threads(); }
-  const std::shared_ptr<ThreadPool>& pool() const { return pool_; }
+  int32_t num_kv_blocks() const override { return shard_->num_kv_blocks(); }
+  int32_t num_threads() const { return shard_->pool()->num_threads(); }
+  const std::shared_ptr<ThreadPool>& pool() const { return shard_->pool(); }
 
  private:
-  CpuModelRunner(std::shared_ptr<const Model> model, const CpuRunnerOptions& options);
+  explicit CpuModelRunner(std::unique_ptr<CpuShardRunner> shard) : shard_(std::move(shard)) {}
 
-  // Attention for every token of the batch in layer `layer`: q [n, q_dim] -> out [n, q_dim].
-  void Attention(const ForwardBatch& batch, const KvCacheManager& kv, int32_t layer,
-                 const float* q, float* out);
-  float* KeyAt(int32_t layer, int64_t slot) {
-    return k_cache_.data() + (static_cast<size_t>(layer) * kv_slots_ + slot) * kv_dim_;
-  }
-  float* ValueAt(int32_t layer, int64_t slot) {
-    return v_cache_.data() + (static_cast<size_t>(layer) * kv_slots_ + slot) * kv_dim_;
-  }
-
-  std::shared_ptr<const Model> model_;
-  std::shared_ptr<ThreadPool> pool_;
-  cpu::RopeTable rope_;
-  int32_t num_kv_blocks_;
-  int32_t kv_block_size_;
-  int64_t kv_slots_;   // num_kv_blocks * block_size
-  int32_t kv_dim_;
-  std::vector<float> k_cache_;  // [layer, slot, kv_dim]
-  std::vector<float> v_cache_;  // [layer, slot, kv_dim]
-
-  // Activation buffers, grown to the largest batch seen.
-  std::vector<float> x_, xb_, q_, k_, v_, att_, gate_, up_, final_;
-  std::vector<uint8_t> act_scratch_;
+  std::unique_ptr<CpuShardRunner> shard_;  // the whole model: a 1 x 1 layout
+  std::vector<std::span<const int32_t>> tables_;  // per pass: block tables of batch.seqs
 };
 
 }  // namespace specinfer

@@ -14,6 +14,8 @@
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/tree_attention_plan.h"
+#include "backend/forward_check.h"
+#include "backend/llama_program.h"
 #include "dequant.cuh"
 #include "elementwise.cuh"
 #include "engine/engine.h"
@@ -488,13 +490,153 @@ int64_t Append(std::vector<uint8_t>& blob, const T* data, size_t count) {
   return off;
 }
 
+// The operations of backend/llama_program.h for one piece of a batch ([np] tokens) on the GPU:
+// the launches RunPiece made, in the same order. Residual adds are fused into the products
+// (beta = 1), so ProjectOutAdd and ProjectDownAdd are one product each.
+struct PieceOps {
+  using Impl = CudaModelRunner::Impl;
+  PieceOps(Impl& impl, const ForwardBatch& b, int32_t n, const std::vector<int32_t>& local,
+           const std::vector<int32_t>& index, std::span<float> out)
+      : im(impl), c(impl.config()), batch(b), np(n), logit_local(local), logit_index(index),
+        logits_out(out) {
+    use_cublas = !batch.batch_invariant && im.opt.cublas_min_tokens > 0 &&
+                 np >= im.opt.cublas_min_tokens;
+    rope_mode = c.rope_style == RopeStyle::kInterleaved ? kernels::RopeMode::kInterleaved
+                                                        : kernels::RopeMode::kHalf;
+  }
+
+  Status Input() {
+    return Check(kernels::LaunchDequantizeRows(im.emb.type, im.emb.data, im.emb.rows, c.dim,
+                                               d_tokens, np, im.x, im.stream),
+                 "embedding");
+  }
+  Status Norm(int32_t li, LlamaNorm which) {
+    const DeviceLayer& l = im.layers[static_cast<size_t>(li)];
+    const bool attn = which == LlamaNorm::kAttention;
+    return Check(kernels::LaunchRmsNorm(im.x, attn ? l.attn_norm : l.ffn_norm, im.xb, np,
+                                        static_cast<int>(c.dim), c.norm_eps, im.stream),
+                 attn ? "attention norm" : "ffn norm");
+  }
+  Status ProjectQkv(int32_t li) {
+    const DeviceLayer& l = im.layers[static_cast<size_t>(li)];
+    SI_RETURN_IF_ERROR(im.Matmul(l.wq, im.xb, np, im.q, 0.0f, use_cublas));
+    SI_RETURN_IF_ERROR(im.Matmul(l.wk, im.xb, np, im.k, 0.0f, use_cublas));
+    SI_RETURN_IF_ERROR(im.Matmul(l.wv, im.xb, np, im.v, 0.0f, use_cublas));
+    if (l.bq == nullptr) return Status::Ok();
+    SI_RETURN_IF_ERROR(Check(kernels::LaunchAddBias(im.q, l.bq, np, c.q_dim(), im.stream), "bias"));
+    SI_RETURN_IF_ERROR(
+        Check(kernels::LaunchAddBias(im.k, l.bk, np, c.kv_dim(), im.stream), "bias"));
+    return Check(kernels::LaunchAddBias(im.v, l.bv, np, c.kv_dim(), im.stream), "bias");
+  }
+  // RoPE on q and k, k and v appended to the layer's cache slots, and q cast to a 16-bit cache's
+  // type for the attention kernel.
+  Status RopeAndStoreKv(int32_t li) {
+    SI_RETURN_IF_ERROR(Check(kernels::LaunchRope(im.q, c.n_heads, im.k, c.n_kv_heads, c.head_dim,
+                                                 d_pos, np, im.rope_cos, im.rope_sin,
+                                                 im.rope_max_pos, im.inv_freq, rope_mode,
+                                                 im.stream),
+                             "rope"));
+    uint8_t* kl = im.k_cache + li * im.KvLayerBytes();
+    uint8_t* vl = im.v_cache + li * im.KvLayerBytes();
+    const int32_t kv_dim = c.kv_dim();
+    const int64_t q_elems = int64_t{np} * c.q_dim();
+    cudaError_t err;
+    switch (im.kv_type) {
+      case kernels::AttnType::kF32:
+        err = kernels::LaunchKvAppend(im.k, im.v, d_slots, np, kv_dim,
+                                      reinterpret_cast<float*>(kl), reinterpret_cast<float*>(vl),
+                                      im.stream);
+        break;
+      case kernels::AttnType::kF16:
+        err = kernels::LaunchKvAppend(im.k, im.v, d_slots, np, kv_dim,
+                                      reinterpret_cast<__half*>(kl), reinterpret_cast<__half*>(vl),
+                                      im.stream);
+        if (err == cudaSuccess)
+          err = kernels::LaunchCast(im.q, static_cast<__half*>(im.q_kv), q_elems, im.stream);
+        break;
+      default:
+        err = kernels::LaunchKvAppend(im.k, im.v, d_slots, np, kv_dim,
+                                      reinterpret_cast<__nv_bfloat16*>(kl),
+                                      reinterpret_cast<__nv_bfloat16*>(vl), im.stream);
+        if (err == cudaSuccess)
+          err = kernels::LaunchCast(im.q, static_cast<__nv_bfloat16*>(im.q_kv), q_elems,
+                                    im.stream);
+        break;
+    }
+    return Check(err, "KV append");
+  }
+  Status Attend(int32_t li) {
+    attn.k_cache = im.k_cache + li * im.KvLayerBytes();
+    attn.v_cache = im.v_cache + li * im.KvLayerBytes();
+    return Check(kernels::LaunchTreeAttention(attn, im.kv_type, /*out_float=*/true, im.stream),
+                 "tree attention");
+  }
+  Status ProjectOutAdd(int32_t li) {  // x += att W_o^T
+    return im.Matmul(im.layers[static_cast<size_t>(li)].wo, im.att, np, im.x, 1.0f, use_cublas);
+  }
+  Status ProjectGateUp(int32_t li) {
+    const DeviceLayer& l = im.layers[static_cast<size_t>(li)];
+    SI_RETURN_IF_ERROR(im.Matmul(l.w_gate, im.xb, np, im.gate, 0.0f, use_cublas));
+    return im.Matmul(l.w_up, im.xb, np, im.up, 0.0f, use_cublas);
+  }
+  Status SwiGlu() {
+    return Check(kernels::LaunchSwiGlu(im.gate, im.up, int64_t{np} * c.hidden_dim, im.stream),
+                 "swiglu");
+  }
+  Status ProjectDownAdd(int32_t li) {  // x += ffn
+    return im.Matmul(im.layers[static_cast<size_t>(li)].w_down, im.gate, np, im.x, 1.0f,
+                     use_cublas);
+  }
+  // Final norm and classifier for the wanted rows, logit_chunk rows at a time.
+  Status Output() {
+    const int64_t vocab = c.vocab_size;
+    const size_t chunk = static_cast<size_t>(im.logit_chunk);
+    for (size_t r0 = 0; r0 < logit_local.size(); r0 += chunk) {
+      const int32_t m = static_cast<int32_t>(std::min(chunk, logit_local.size() - r0));
+      SI_RETURN_IF_ERROR(Check(kernels::LaunchRmsNormRows(im.x, d_lrows + r0, im.final_norm, im.fin,
+                                                          m, static_cast<int>(c.dim), c.norm_eps,
+                                                          im.stream),
+                               "final norm"));
+      SI_RETURN_IF_ERROR(im.Matmul(im.output, im.fin, m, im.logits, 0.0f,
+                                   use_cublas && m >= im.opt.cublas_min_tokens));
+      SI_RETURN_IF_ERROR(
+          Check(cudaMemcpyAsync(im.logits_host.get(), im.logits, static_cast<size_t>(m * vocab) * 4,
+                                cudaMemcpyDeviceToHost, im.stream),
+                "logits download"));
+      SI_RETURN_IF_ERROR(Check(cudaStreamSynchronize(im.stream), "forward pass"));
+      for (int32_t i = 0; i < m; ++i)
+        std::memcpy(logits_out.data() + static_cast<size_t>(logit_index[r0 + i]) * vocab,
+                    im.logits_host.get<float>() + static_cast<size_t>(i) * vocab,
+                    static_cast<size_t>(vocab) * 4);
+    }
+    return Status::Ok();
+  }
+
+  static Status Check(cudaError_t err, const char* what) { return CudaStatus(err, what); }
+
+  Impl& im;
+  const ModelConfig& c;
+  const ForwardBatch& batch;
+  const int32_t np;
+  const std::vector<int32_t>& logit_local;  // rows of this piece whose logits are wanted
+  const std::vector<int32_t>& logit_index;  // their index in batch.logit_rows
+  const std::span<float> logits_out;
+  bool use_cublas = false;
+  kernels::RopeMode rope_mode = kernels::RopeMode::kHalf;
+  // Device metadata of the piece: tokens, positions, KV slots [np], logit rows.
+  const int32_t* d_tokens = nullptr;
+  const int32_t* d_pos = nullptr;
+  const int64_t* d_slots = nullptr;
+  const int32_t* d_lrows = nullptr;
+  kernels::TreeAttentionParams attn;  // all but the layer's caches, set once per piece
+};
+
 }  // namespace
 
 Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch, const KvCacheManager& kv,
                                        int32_t g0, int32_t g1, std::span<float> logits_out) {
   const ModelConfig& c = config();
   const int32_t np = g1 - g0;
-  const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), hidden = c.hidden_dim;
   const int32_t bs = opt.kv_block_size;
 
   // --- host metadata ---
@@ -569,13 +711,15 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch, const KvCacheM
       cudaMemcpyAsync(meta.get(), meta_host.get(), blob.size(), cudaMemcpyHostToDevice, stream),
       "metadata upload"));
   uint8_t* md = meta.get<uint8_t>();
-  const int32_t* d_tokens = reinterpret_cast<const int32_t*>(md + tok_off);
-  const int32_t* d_pos = reinterpret_cast<const int32_t*>(md + pos_off);
-  const int64_t* d_slots = reinterpret_cast<const int64_t*>(md + slot_off);
-  const int32_t* d_lrows = reinterpret_cast<const int32_t*>(md + lrow_off);
 
-  kernels::TreeAttentionParams ap_params;
+  PieceOps ops(*this, batch, np, logit_local, logit_index, logits_out);
+  ops.d_tokens = reinterpret_cast<const int32_t*>(md + tok_off);
+  ops.d_pos = reinterpret_cast<const int32_t*>(md + pos_off);
+  ops.d_slots = reinterpret_cast<const int64_t*>(md + slot_off);
+  ops.d_lrows = reinterpret_cast<const int32_t*>(md + lrow_off);
+  kernels::TreeAttentionParams& ap_params = ops.attn;
   ap_params.out = att;
+  ap_params.q = kv_type == kernels::AttnType::kF32 ? static_cast<const void*>(q) : q_kv;
   ap_params.block_tables = reinterpret_cast<const int32_t*>(md + table_off);
   ap_params.mask_words = reinterpret_cast<const uint64_t*>(md + mask_off);
   ap_params.requests = reinterpret_cast<const kernels::TreeAttentionRequest*>(md + req_off);
@@ -593,99 +737,9 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch, const KvCacheM
   ap_params.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   ap_params.any_split = ap.any_split;
 
-  const bool use_cublas =
-      !batch.batch_invariant && opt.cublas_min_tokens > 0 && np >= opt.cublas_min_tokens;
-  auto check = [](cudaError_t err, const char* what) { return CudaStatus(err, what); };
-  const kernels::RopeMode rope_mode = c.rope_style == RopeStyle::kInterleaved
-                                          ? kernels::RopeMode::kInterleaved
-                                          : kernels::RopeMode::kHalf;
-
-  // --- the layers ---
-  SI_RETURN_IF_ERROR(check(
-      kernels::LaunchDequantizeRows(emb.type, emb.data, emb.rows, dim, d_tokens, np, x, stream),
-      "embedding"));
-  for (int32_t li = 0; li < c.n_layers; ++li) {
-    const DeviceLayer& l = layers[static_cast<size_t>(li)];
-    SI_RETURN_IF_ERROR(check(
-        kernels::LaunchRmsNorm(x, l.attn_norm, xb, np, static_cast<int>(dim), c.norm_eps, stream),
-        "attention norm"));
-    SI_RETURN_IF_ERROR(Matmul(l.wq, xb, np, q, 0.0f, use_cublas));
-    SI_RETURN_IF_ERROR(Matmul(l.wk, xb, np, k, 0.0f, use_cublas));
-    SI_RETURN_IF_ERROR(Matmul(l.wv, xb, np, v, 0.0f, use_cublas));
-    if (l.bq) {
-      SI_RETURN_IF_ERROR(check(kernels::LaunchAddBias(q, l.bq, np, q_dim, stream), "bias"));
-      SI_RETURN_IF_ERROR(check(kernels::LaunchAddBias(k, l.bk, np, kv_dim, stream), "bias"));
-      SI_RETURN_IF_ERROR(check(kernels::LaunchAddBias(v, l.bv, np, kv_dim, stream), "bias"));
-    }
-    SI_RETURN_IF_ERROR(
-        check(kernels::LaunchRope(q, c.n_heads, k, c.n_kv_heads, c.head_dim, d_pos, np, rope_cos,
-                                  rope_sin, rope_max_pos, inv_freq, rope_mode, stream),
-              "rope"));
-    uint8_t* kl = k_cache + li * KvLayerBytes();
-    uint8_t* vl = v_cache + li * KvLayerBytes();
-    cudaError_t err;
-    switch (kv_type) {
-      case kernels::AttnType::kF32:
-        err = kernels::LaunchKvAppend(k, v, d_slots, np, static_cast<int32_t>(kv_dim),
-                                      reinterpret_cast<float*>(kl), reinterpret_cast<float*>(vl),
-                                      stream);
-        ap_params.q = q;
-        break;
-      case kernels::AttnType::kF16:
-        err = kernels::LaunchKvAppend(k, v, d_slots, np, static_cast<int32_t>(kv_dim),
-                                      reinterpret_cast<__half*>(kl), reinterpret_cast<__half*>(vl),
-                                      stream);
-        if (err == cudaSuccess)
-          err = kernels::LaunchCast(q, static_cast<__half*>(q_kv), np * q_dim, stream);
-        ap_params.q = q_kv;
-        break;
-      default:
-        err = kernels::LaunchKvAppend(k, v, d_slots, np, static_cast<int32_t>(kv_dim),
-                                      reinterpret_cast<__nv_bfloat16*>(kl),
-                                      reinterpret_cast<__nv_bfloat16*>(vl), stream);
-        if (err == cudaSuccess)
-          err = kernels::LaunchCast(q, static_cast<__nv_bfloat16*>(q_kv), np * q_dim, stream);
-        ap_params.q = q_kv;
-        break;
-    }
-    SI_RETURN_IF_ERROR(check(err, "KV append"));
-    ap_params.k_cache = kl;
-    ap_params.v_cache = vl;
-    SI_RETURN_IF_ERROR(
-        check(kernels::LaunchTreeAttention(ap_params, kv_type, /*out_float=*/true, stream),
-              "tree attention"));
-    SI_RETURN_IF_ERROR(Matmul(l.wo, att, np, x, 1.0f, use_cublas));  // x += att W_o^T
-    SI_RETURN_IF_ERROR(check(
-        kernels::LaunchRmsNorm(x, l.ffn_norm, xb, np, static_cast<int>(dim), c.norm_eps, stream),
-        "ffn norm"));
-    SI_RETURN_IF_ERROR(Matmul(l.w_gate, xb, np, gate, 0.0f, use_cublas));
-    SI_RETURN_IF_ERROR(Matmul(l.w_up, xb, np, up, 0.0f, use_cublas));
-    SI_RETURN_IF_ERROR(check(kernels::LaunchSwiGlu(gate, up, np * hidden, stream), "swiglu"));
-    SI_RETURN_IF_ERROR(Matmul(l.w_down, gate, np, x, 1.0f, use_cublas));  // x += ffn
-  }
-
-  // --- final norm and classifier for the wanted rows, logit_chunk rows at a time ---
-  const int64_t vocab = c.vocab_size;
-  for (size_t r0 = 0; r0 < logit_local.size(); r0 += static_cast<size_t>(logit_chunk)) {
-    const int32_t m = static_cast<int32_t>(
-        std::min<size_t>(static_cast<size_t>(logit_chunk), logit_local.size() - r0));
-    SI_RETURN_IF_ERROR(check(kernels::LaunchRmsNormRows(x, d_lrows + r0, final_norm, fin, m,
-                                                        static_cast<int>(dim), c.norm_eps, stream),
-                             "final norm"));
-    SI_RETURN_IF_ERROR(
-        Matmul(output, fin, m, logits, 0.0f, use_cublas && m >= opt.cublas_min_tokens));
-    SI_RETURN_IF_ERROR(
-        check(cudaMemcpyAsync(logits_host.get(), logits, static_cast<size_t>(m * vocab) * 4,
-                              cudaMemcpyDeviceToHost, stream),
-              "logits download"));
-    SI_RETURN_IF_ERROR(check(cudaStreamSynchronize(stream), "forward pass"));
-    for (int32_t i = 0; i < m; ++i)
-      std::memcpy(logits_out.data() + static_cast<size_t>(logit_index[r0 + i]) * vocab,
-                  logits_host.get<float>() + static_cast<size_t>(i) * vocab,
-                  static_cast<size_t>(vocab) * 4);
-  }
+  SI_RETURN_IF_ERROR(RunLlamaProgram(ops, c.n_layers));
   // The pinned metadata is reused by the next piece: wait until this one has run.
-  return check(cudaStreamSynchronize(stream), "forward pass");
+  return CudaStatus(cudaStreamSynchronize(stream), "forward pass");
 }
 
 CudaModelRunner::CudaModelRunner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -722,21 +776,9 @@ Status CudaModelRunner::Synchronize() {
 
 Status CudaModelRunner::Forward(const ForwardBatch& batch, const KvCacheManager& kv,
                                 std::span<float> logits) {
-  const ModelConfig& c = impl_->config();
-  SI_RETURN_IF_ERROR(batch.Validate(c.vocab_size));
-  const int64_t m = static_cast<int64_t>(batch.logit_rows.size());
-  if (logits.size() < static_cast<size_t>(m * c.vocab_size))
-    return InvalidArgumentError("logits buffer too small");
-  for (const BatchSequence& s : batch.seqs) {
-    if (!kv.HasSequence(s.seq)) return InvalidArgumentError("batch names an unknown sequence");
-    if (kv.Length(s.seq) < s.kv_end())
-      return FailedPreconditionError("KV slots not reserved for the batch");
-    if (kv.block_size() != impl_->opt.kv_block_size)
-      return InvalidArgumentError("KV manager block size differs from the runner's");
-    for (int32_t b : kv.BlockTable(s.seq))
-      if (b < 0 || b >= impl_->opt.num_kv_blocks)
-        return InternalError("KV block outside this runner's storage");
-  }
+  const ForwardLimits limits{impl_->config().vocab_size, impl_->opt.num_kv_blocks,
+                             impl_->opt.kv_block_size};
+  SI_RETURN_IF_ERROR(CheckForward(batch, kv, limits, logits.size()));
   const int32_t n = batch.size();
   if (n == 0) return Status::Ok();
   SI_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(impl_->opt.device), "cudaSetDevice"));
@@ -753,12 +795,7 @@ Status CudaModelRunner::Forward(const ForwardBatch& batch, const KvCacheManager&
 
 Status CudaModelRunner::MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,
                                std::span<const int32_t> dst) {
-  if (src.size() != dst.size()) return InvalidArgumentError("MoveKv: src and dst differ in size");
-  if (!kv.HasSequence(seq)) return InvalidArgumentError("MoveKv: unknown sequence");
-  const int32_t len = kv.Length(seq);
-  for (size_t i = 0; i < src.size(); ++i)
-    if (src[i] < 0 || src[i] >= len || dst[i] < 0 || dst[i] >= len)
-      return InvalidArgumentError("MoveKv: position out of range");
+  SI_RETURN_IF_ERROR(CheckMoveKv(kv, seq, src, dst));
   std::vector<int64_t> from, to;
   for (size_t i = 0; i < src.size(); ++i) {
     if (src[i] == dst[i]) continue;

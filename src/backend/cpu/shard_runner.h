@@ -1,12 +1,13 @@
-// One worker's share of an LLM split tensor-parallel (TP) x pipeline-parallel (PP) on CPUs, and
-// its forward pass: the distributed counterpart of CpuModelRunner, with logits BIT-IDENTICAL to
-// it for the same batch (batch-invariant kernels).
+// The Llama layer program on CPUs, for one worker's share of a model split tensor-parallel (TP)
+// x pipeline-parallel (PP), or for the whole model (a 1 x 1 layout: CpuModelRunner is a thin
+// ModelRunner adapter over it). A share's logits are BIT-IDENTICAL to the whole model's for the
+// same batch (batch-invariant kernels); the steps themselves are backend/llama_program.h.
 //
 // Why the split is by OUTPUT ROWS everywhere, with all-gathers (not Megatron's all-reduce):
 // the CPU kernels compute every output element as an independent dot product of one weight row
 // with one token's full input (cpu::MatMul with batch_invariant), so a rank that computes a
-// subset of a matrix's rows from the full input gets exactly the values the single-process
-// runner gets for those rows. Megatron's scheme splits wo and w_down by INPUT columns and sums
+// subset of a matrix's rows from the full input gets exactly the values the 1 x 1 layout gets
+// for those rows. Megatron's scheme splits wo and w_down by INPUT columns and sums
 // partial products with an all-reduce: that changes the summation order of every output and
 // breaks bit-exactness (greedy output would drift from the single-process engine). So, per layer
 // on a TP group of size T, rank r:
@@ -20,17 +21,19 @@
 //   w_gate/w_up rows [hidden share]    SwiGLU on its share; all-gather -> [n, hidden]
 //   w_down rows [dim share]            all-gather -> [n, dim]; residual add (redundant)
 // Four all-gathers per layer, each of n * width floats. Pipeline: stage s runs the contiguous
-// layer range SplitEvenly(n_layers, S, s); stage 0 embeds, stages pass x [n, dim] on through
-// Gloo (tp rank r of stage s to tp rank r of stage s+1), the last stage applies the final norm
-// and its vocabulary rows [share of r] of the output matrix: each last-stage rank returns its
-// logits columns, which the request manager assembles (no all-gather of logits).
+// layer range SplitEvenly(n_layers, S, s); stage 0 embeds, stages pass x [n, dim] on through the
+// Collective (tp rank r of stage s to tp rank r of stage s+1), the last stage applies the final
+// norm and its vocabulary rows [share of r] of the output matrix: each last-stage rank returns
+// its logits columns, which the request manager assembles (no all-gather of logits).
 // Non-batch-invariant batches (BLAS prefill) are computed correctly but, like BLAS itself, not
-// bit-identically to the single-process runner.
+// bit-identically to the 1 x 1 layout. With a 1 x 1 layout every gather is a no-op: the steps
+// write straight into the full buffers, so the whole-model pass makes no extra copies.
 //
 // KV: each rank stores only its KV heads of its layers: [local layer][slot][kv_dim / T], slots
 // addressed through the block tables the manager sends with every batch.
 //
-// Thread safety: one Forward/MoveKv at a time; uses its own thread pool inside.
+// Thread safety: one Forward/MoveKv at a time; runs on its thread pool (its own, or one shared
+// with runners that take turns with it).
 #pragma once
 
 #include <cstdint>
@@ -39,9 +42,9 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/collective.h"
 #include "backend/cpu/ops.h"
 #include "common/thread_pool.h"
-#include "dist/collective.h"
 #include "model/model.h"
 
 namespace specinfer {
@@ -58,14 +61,23 @@ ShardRange SplitEvenly(int64_t total, int32_t parts, int32_t index);
 // Checks that `config` can be split this way: stages <= layers, tp divides n_kv_heads.
 Status CheckShardable(const ModelConfig& config, const CollectiveLayout& layout);
 
+struct CpuRunnerOptions {
+  int32_t num_threads = 0;    // 0: all hardware threads
+  int32_t num_kv_blocks = 0;  // KV storage, in blocks of kv_block_size positions
+  int32_t kv_block_size = 16;
+  // Threads to run on, shared with other runners that take turns with this one (an LLM and its
+  // draft models); null: a pool of num_threads of its own.
+  std::shared_ptr<ThreadPool> pool;
+};
+
 class CpuShardRunner {
  public:
   // `model` holds the full weights (typically a mapped file: only this shard's pages are read).
+  // Checks that every weight type of the share is supported and allocates its KV storage
+  // (ResourceExhausted if it cannot be allocated).
   static StatusOr<std::unique_ptr<CpuShardRunner>> Create(std::shared_ptr<const Model> model,
                                                           const CollectiveLayout& layout,
-                                                          int32_t num_kv_blocks,
-                                                          int32_t kv_block_size,
-                                                          int32_t num_threads);
+                                                          const CpuRunnerOptions& options);
 
   const Model& model() const { return *model_; }
   const CollectiveLayout& layout() const { return layout_; }
@@ -74,13 +86,15 @@ class CpuShardRunner {
   bool last_stage() const { return layout_.stage + 1 == layout_.num_stages; }
   int32_t num_kv_blocks() const { return num_kv_blocks_; }
   int32_t kv_block_size() const { return kv_block_size_; }
+  const std::shared_ptr<ThreadPool>& pool() const { return pool_; }
 
   // Runs this shard's part of the batch. tables[i] is the block table of batch.seqs[i]. The
-  // caller has validated the batch (ForwardBatch::Validate, block ids < num_kv_blocks, tables
-  // long enough for kv_end()). `group` may be null only for a 1 x 1 layout. On the last stage,
-  // `logits` receives [logit_rows, vocab().count]; elsewhere it is left empty.
+  // caller has validated the batch (CheckForward, or ForwardBatch::Validate and the tables:
+  // block ids < num_kv_blocks, long enough for kv_end()). `group` may be null only for a 1 x 1
+  // layout. On the last stage, `logits` ([logit_rows, vocab().count], row-major) receives the
+  // logits and must be at least that large; elsewhere it is not touched.
   Status Forward(const ForwardBatch& batch, std::span<const std::span<const int32_t>> tables,
-                 CollectiveGroup* group, std::vector<float>* logits);
+                 Collective* group, std::span<float> logits);
 
   // Copies this shard's K/V at positions src[i] to dst[i] of the sequence with `table`, in
   // order. The caller has validated the positions and block ids.
@@ -88,9 +102,9 @@ class CpuShardRunner {
               std::span<const int32_t> dst);
 
  private:
+  class Pass;  // one Forward: the operations of backend/llama_program.h on this share
+
   CpuShardRunner() = default;
-  void Attention(const ForwardBatch& batch, std::span<const std::span<const int32_t>> tables,
-                 int32_t local_layer, const float* q, float* out);
   float* KeyAt(int32_t local_layer, int64_t slot) {
     return k_cache_.data() + (static_cast<size_t>(local_layer) * kv_slots_ + slot) * kv_dim_;
   }
@@ -98,7 +112,8 @@ class CpuShardRunner {
     return v_cache_.data() + (static_cast<size_t>(local_layer) * kv_slots_ + slot) * kv_dim_;
   }
   // All-gathers `local` ([n, shares[tp_rank]]) into `full` ([n, sum(shares)]), token-major.
-  Status Gather(CollectiveGroup* group, const float* local, int64_t n,
+  // With tp_size 1 the two are the same buffer and nothing is done.
+  Status Gather(Collective* group, const float* local, int64_t n,
                 std::span<const ShardRange> shares, float* full);
 
   // This rank's rows of one layer's matrices (views into the model's weights).
@@ -122,6 +137,8 @@ class CpuShardRunner {
   int32_t kv_dim_ = 0;               // this rank's KV width: local kv heads * head_dim
   std::vector<float> k_cache_, v_cache_;  // [local layer, slot, kv_dim_]
 
+  // Activations, grown to the largest batch seen. att_full_, part_ and ffn_full_ (the gathered
+  // or TP-local halves of a step) stay empty with tp_size 1: the steps use att_, xb_ and gate_.
   std::vector<float> x_, xb_, q_, k_, v_, att_, att_full_, part_, gate_, up_, ffn_full_,
       gathered_, final_;
   std::vector<uint8_t> act_scratch_;
