@@ -8,9 +8,9 @@
 #include <cstring>
 #include <functional>
 
-#include "dist/collective.h"
 #include "backend/cpu/shard_runner.h"
 #include "backend/forward_check.h"
+#include "dist/collective.h"
 #include "dist/model_identity.h"
 #include "proto/llm_worker.grpc.pb.h"
 
