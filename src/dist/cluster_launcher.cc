@@ -331,15 +331,7 @@ StatusOr<InferenceServerOptions> ManagerOptions(const ClusterConfig& c,
     g.workers = llm_addresses;
     g.tp_size = c.llm.tp;
     g.num_stages = c.llm.pp;
-    o.engine.runner_factory = [g](std::shared_ptr<const Model> model, const Tokenizer& tok,
-                                  int32_t num_kv_blocks)
-        -> StatusOr<std::unique_ptr<ModelRunner>> {
-      LlmGroupOptions opts = g;
-      opts.kv_blocks = num_kv_blocks;
-      SI_ASSIGN_OR_RETURN(auto runner,
-                          RemoteLlmRunner::Connect(opts, std::move(model), VocabFingerprint(tok)));
-      return std::unique_ptr<ModelRunner>(std::move(runner));
-    };
+    o.engine.custom_backend = LlmGroupBackend(g);
   }
   // One RemoteSpeculator per ssm group, named by its spec.
   std::vector<RemoteSpeculatorOptions> groups;

@@ -3,6 +3,7 @@
 // generation on the GPU equal to the CPU's token for token, speculative generation on the GPU
 // equal to incremental generation on the GPU, KV compaction, batches run in pieces, and memory
 // shortfalls reported as errors.
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_runner.h"
 
 #include <gtest/gtest.h>

@@ -39,6 +39,7 @@ class CpuModelRunner final : public ModelRunner {
   Status MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,
                 std::span<const int32_t> dst) override;
   int32_t num_kv_blocks() const override { return num_kv_blocks_; }
+  int32_t kv_block_size() const override { return kv_block_size_; }
   int32_t num_threads() const { return pool_->num_threads(); }
   const std::shared_ptr<ThreadPool>& pool() const { return pool_; }
 
