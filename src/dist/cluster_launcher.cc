@@ -323,6 +323,7 @@ StatusOr<InferenceServerOptions> ManagerOptions(const ClusterConfig& c,
   o.engine.context_length = c.limits.context;
   o.engine.max_sequences = c.limits.max_batch;
   if (c.llm.placement == ClusterLlm::Placement::kInProcess) {
+    o.engine.backend = c.llm.backend;
     o.engine.num_threads = c.llm.threads;
     o.engine.dequantize = c.llm.dequantize;
   } else {
@@ -421,6 +422,7 @@ int RunClusterWorker(const ClusterConfig& c, const std::string& config_path,
     o.model_path = m.path;
     o.tokenizer_path = m.tokenizer;
     o.speculator = g.spec;
+    o.backend = g.backend;
     o.listen = slot->endpoint.address + ":" + std::to_string(port);
     o.label = slot->label;
     o.num_threads = slot->endpoint.threads;
