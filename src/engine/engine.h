@@ -46,7 +46,7 @@ struct EngineOptions {
   // paged in here nor dequantized.
   std::optional<Backend> custom_backend;
   // Where model and layers drafts run: a registered backend name, as `backend`. CPU drafts share
-  // the engine's threads (and layers drafts the LLM's weights).
+  // the engine's threads; layers drafts read the LLM's weights (a GPU one uploads its own copy).
   std::string draft_backend = "cpu";
 
   // Builds more speculators once the model and tokenizer are loaded, e.g. RemoteSpeculator over

@@ -11,7 +11,8 @@
 // Model drafts expand level by level (SpecInfer's expansion-based construction): at step i every
 // frontier node gets the draft's top-k_i tokens under greedy decoding (deterministic proposals)
 // or k_i independent draws from the draft's distribution q under sampling (q recorded with each
-// proposal, for verifier.h). The draft runs incrementally on its own KV cache: each Propose
+// proposal, for verifier.h). The draft runs incrementally on its own runner (on the backend
+// SpeculatorOptions::backend names) and KV cache, sized from the runner: each Propose
 // first brings the cache up to the sequence's committed tokens (keeping the common prefix with
 // what it holds, so rejected guesses leave nothing behind), then appends one tree level per pass
 // with a topology-aware mask.
