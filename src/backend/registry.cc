@@ -33,7 +33,7 @@ struct Registry {
 
 Registry& TheRegistry() {
   static Registry* r = [] {
-    auto* reg = new Registry();  // never destroyed: runners may be created during exit
+    auto* reg = new Registry();  // never destroyed: no destruction-order hazard at exit
     reg->backends.emplace("cpu", CpuBackend());
     return reg;
   }();
