@@ -99,8 +99,11 @@ class ModelRunner {
   virtual Status MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,
                         std::span<const int32_t> dst) = 0;
 
-  // Number of KV blocks this runner's storage was sized for.
+  // The KV geometry of this runner's storage: num_kv_blocks() blocks of kv_block_size()
+  // positions. The KvCacheManager that drives it must be built with exactly these (the engine
+  // and the draft models build theirs from them).
   virtual int32_t num_kv_blocks() const = 0;
+  virtual int32_t kv_block_size() const = 0;
 
   // Changes whenever the K/V this runner held may have been lost (a remote worker restarted or
   // its group failed); 0 for runners whose KV cannot be lost. A sequence that wrote KV under one

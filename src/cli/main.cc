@@ -4,6 +4,7 @@
 //                      [--temperature T] [--top-k K] [--top-p P] [--seed S] [--json]
 //                      [--chat [--chat-template chatml|llama2|llama3] [--system TEXT]]
 //                      [--draft ngram[:N]|layers:K|model:PATH ...] [--tree 1,1,3,1]
+//                      [--backend cpu|cuda] [--draft-backend cpu|cuda]
 //   specinfer serve ...                       (cli/serve.h)
 //   specinfer cluster --config FILE [--role all|manager]     (cli/cluster.h: distributed serving)
 //   specinfer worker --config FILE --role ssm|llm --index N
@@ -34,8 +35,15 @@
 #include "cli/serve.h"
 #include "engine/chat_template.h"
 #include "engine/engine.h"
+
+// The backends this program adds to the core's "cpu" (backend/registry.h), for every command
+// (generate, serve, cluster and its workers): the one place that knows whether the build has
+// the CUDA library.
 #if defined(SPECINFER_WITH_CUDA)
-#include "backend/cuda/cuda_runner.h"
+#include "backend/cuda/cuda_backend.h"
+static void RegisterBackends() { specinfer::cuda::RegisterCudaBackend(); }
+#else
+static void RegisterBackends() {}
 #endif
 
 namespace specinfer {
@@ -70,6 +78,11 @@ void AddEngineOptions(CLI::App* cmd, EngineOptions& o) {
                 "Convert the weights to float32 at load (full precision; 4 bytes per weight)");
   cmd->add_option("--backend", o.backend, "Where the model runs: cpu, or cuda (GPU 0)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--draft-backend", o.draft_backend,
+                  "Where model: and layers: drafts run: cpu (sharing the model's threads), or "
+                  "cuda (GPU 0)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
 }
 
 // --system and --prompt as a conversation.
@@ -210,9 +223,7 @@ int main(int argc, char** argv) {
   auto logger = spdlog::stderr_color_mt("specinfer");
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::warn);
-#if defined(SPECINFER_WITH_CUDA)
-  cuda::RegisterCudaBackend();  // EngineOptions::backend "cuda"
-#endif
+  RegisterBackends();
 
   CLI::App app{"specinfer: LLM serving with tree-based speculative inference"};
   app.require_subcommand(1);

@@ -6,6 +6,7 @@
 #include <set>
 #include <sstream>
 
+#include "backend/registry.h"
 #include "spec/speculator.h"
 #include "spec/token_tree.h"
 
@@ -150,6 +151,13 @@ StatusOr<ClusterConfig> Parse(const YAML::Node& root, const std::string& source)
     if (m.path.empty()) return top.Error("models." + name, "empty path");
     c.models[name] = m;
   }
+  // Whether a backend exists in this program is CheckClusterRunnable's question, not parsing's.
+  auto backend_ref = [](const Reader& r, std::string* out) -> Status {
+    SI_RETURN_IF_ERROR(r.Str("backend", out));
+    if (*out != "cpu" && *out != "cuda")
+      return r.Error("backend", "'" + *out + "' (expected cpu or cuda)");
+    return Status::Ok();
+  };
   auto model_ref = [&](const Reader& r, const char* key, std::string* out) -> Status {
     if (!r.Has(key)) {
       if (c.models.size() == 1) {
@@ -226,9 +234,7 @@ StatusOr<ClusterConfig> Parse(const YAML::Node& root, const std::string& source)
     if (placement == "in-process") c.llm.placement = ClusterLlm::Placement::kInProcess;
     else if (placement == "workers") c.llm.placement = ClusterLlm::Placement::kWorkers;
     else return r.Error("placement", "'" + placement + "' (expected in-process or workers)");
-    SI_RETURN_IF_ERROR(r.Str("backend", &c.llm.backend));
-    if (c.llm.backend != "cpu" && c.llm.backend != "cuda")
-      return r.Error("backend", "'" + c.llm.backend + "' (expected cpu or cuda)");
+    SI_RETURN_IF_ERROR(backend_ref(r, &c.llm.backend));
     SI_RETURN_IF_ERROR(r.Int32("tp", 1, 64, &c.llm.tp));
     if (r.Has("tp") && c.llm.tp < 1) return r.Error("tp", "must be >= 1");
     SI_RETURN_IF_ERROR(r.Int32("pp", 1, 64, &c.llm.pp));
@@ -268,13 +274,15 @@ StatusOr<ClusterConfig> Parse(const YAML::Node& root, const std::string& source)
     for (size_t g = 0; g < groups.size(); ++g) {
       const std::string path = "ssm[" + std::to_string(g) + "]";
       Reader r(groups[g], path, source);
-      SI_RETURN_IF_ERROR(r.Keys({"spec", "model", "max_sessions", "idle_timeout_s", "replicas"}));
+      SI_RETURN_IF_ERROR(
+          r.Keys({"spec", "model", "backend", "max_sessions", "idle_timeout_s", "replicas"}));
       ClusterSsmGroup grp;
       SI_RETURN_IF_ERROR(r.Str("spec", &grp.spec, /*required=*/true));
       if (Status s = ValidateSpeculatorSpec(grp.spec); !s.ok()) return r.Error("spec", s.message());
       if (!specs.insert(grp.spec).second)
         return r.Error("spec", "'" + grp.spec + "' appears twice (replicas go in one entry)");
       SI_RETURN_IF_ERROR(model_ref(r, "model", &grp.model));
+      SI_RETURN_IF_ERROR(backend_ref(r, &grp.backend));
       SI_RETURN_IF_ERROR(r.Int32("max_sessions", 1, 4096, &grp.max_sessions));
       SI_RETURN_IF_ERROR(r.Int32("idle_timeout_s", 1, 86400, &grp.idle_timeout_s));
       if (!r.Has("replicas")) return r.Error("replicas", "required (at least one)");
@@ -347,17 +355,20 @@ StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path) {
 }
 
 Status CheckClusterRunnable(const ClusterConfig& c) {
-  if (c.llm.backend == "cuda") {
-#ifdef SPECINFER_DIST_HAVE_CUDA
-    return FailedPreconditionError(
-        c.source + ": llm.backend: cuda: this build has the CUDA toolkit but no CUDA model "
-                   "runner yet; use backend: cpu");
-#else
-    return FailedPreconditionError(c.source +
-                                   ": llm.backend: cuda: this build has no CUDA backend "
-                                   "(rebuild where nvcc is found); use backend: cpu");
-#endif
-  }
+  auto registered = [&](const std::string& key, const std::string& backend) -> Status {
+    const Status s = FindBackend(backend).status();
+    if (s.ok()) return s;
+    return FailedPreconditionError(c.source + ": " + key + ": " + backend + ": " + s.message() +
+                                   "; use backend: cpu");
+  };
+  if (c.llm.placement == ClusterLlm::Placement::kWorkers && c.llm.backend != "cpu")
+    return FailedPreconditionError(c.source + ": llm.backend: " + c.llm.backend +
+                                   ": LLM workers run on the CPU only so far (placement: "
+                                   "in-process runs the LLM on the manager's backend); use "
+                                   "backend: cpu");
+  SI_RETURN_IF_ERROR(registered("llm.backend", c.llm.backend));
+  for (size_t i = 0; i < c.ssm.size(); ++i)
+    SI_RETURN_IF_ERROR(registered("ssm[" + std::to_string(i) + "].backend", c.ssm[i].backend));
   if (c.llm.placement == ClusterLlm::Placement::kWorkers && !kClusterHasLlmWorkers)
     return FailedPreconditionError(c.source +
                                    ": llm.placement: workers: this build has no LLM worker role "

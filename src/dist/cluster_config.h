@@ -5,7 +5,7 @@
 //   limits:  {max_batch, max_batch_tokens, max_queue, context, max_body_bytes}
 //   manager: {host, bind, http_port, grpc_port, threads, tree, served_model_name, chat_template,
 //             rpc_timeout_ms, probe_interval_ms, drain_timeout_s}
-//   ssm:     - {spec, model, max_sessions, idle_timeout_s,
+//   ssm:     - {spec, model, backend: cpu | cuda, max_sessions, idle_timeout_s,
 //               replicas: [{host, port, threads}, ...]}       one entry per logical speculator
 //   llm:     {model, placement: in-process | workers, backend: cpu | cuda, tp, pp, threads,
 //             dequantize, workers: [{host, port}, ...]}       tp * pp workers, stage-major
@@ -65,6 +65,7 @@ struct ClusterManager {
 struct ClusterSsmGroup {
   std::string spec;   // spec/speculator.h: ngram[:N], layers:K, model:PATH
   std::string model;  // a name from `models`: the model the workers load (vocabulary, layers)
+  std::string backend = "cpu";  // cpu | cuda: where the workers run a model or layers draft
   int32_t max_sessions = 0;  // per replica; 0: limits.max_batch
   int32_t idle_timeout_s = 300;
   std::vector<ClusterEndpoint> replicas;
@@ -106,9 +107,10 @@ StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path);
 // Whether this build has the LLM worker role (tensor- and pipeline-parallel LLM workers).
 inline constexpr bool kClusterHasLlmWorkers = true;
 
-// Whether this build can run the configuration: `backend: cuda` needs a build with CUDA and a
-// CUDA model runner (neither exists for LLM workers yet: refused, saying which); LLM workers
-// (`placement: workers`) need the LLM worker role in this build. FailedPrecondition otherwise.
+// Whether this program can run the configuration: every backend named must be registered
+// (backend/registry.h: `cuda` only in programs built with the CUDA backend), LLM workers
+// (`placement: workers`) run on the CPU only so far and need the LLM worker role in this build.
+// FailedPrecondition, naming the key, otherwise.
 Status CheckClusterRunnable(const ClusterConfig& config);
 
 }  // namespace specinfer

@@ -323,6 +323,7 @@ StatusOr<InferenceServerOptions> ManagerOptions(const ClusterConfig& c,
   o.engine.context_length = c.limits.context;
   o.engine.max_sequences = c.limits.max_batch;
   if (c.llm.placement == ClusterLlm::Placement::kInProcess) {
+    o.engine.backend = c.llm.backend;
     o.engine.num_threads = c.llm.threads;
     o.engine.dequantize = c.llm.dequantize;
   } else {
@@ -331,15 +332,7 @@ StatusOr<InferenceServerOptions> ManagerOptions(const ClusterConfig& c,
     g.workers = llm_addresses;
     g.tp_size = c.llm.tp;
     g.num_stages = c.llm.pp;
-    o.engine.runner_factory = [g](std::shared_ptr<const Model> model, const Tokenizer& tok,
-                                  int32_t num_kv_blocks)
-        -> StatusOr<std::unique_ptr<ModelRunner>> {
-      LlmGroupOptions opts = g;
-      opts.kv_blocks = num_kv_blocks;
-      SI_ASSIGN_OR_RETURN(auto runner,
-                          RemoteLlmRunner::Connect(opts, std::move(model), VocabFingerprint(tok)));
-      return std::unique_ptr<ModelRunner>(std::move(runner));
-    };
+    o.engine.custom_backend = LlmGroupBackend(g);
   }
   // One RemoteSpeculator per ssm group, named by its spec.
   std::vector<RemoteSpeculatorOptions> groups;
@@ -429,6 +422,7 @@ int RunClusterWorker(const ClusterConfig& c, const std::string& config_path,
     o.model_path = m.path;
     o.tokenizer_path = m.tokenizer;
     o.speculator = g.spec;
+    o.backend = g.backend;
     o.listen = slot->endpoint.address + ":" + std::to_string(port);
     o.label = slot->label;
     o.num_threads = slot->endpoint.threads;

@@ -102,6 +102,23 @@ RemoteLlmRunner::~RemoteLlmRunner() {
           });
 }
 
+Backend LlmGroupBackend(const LlmGroupOptions& options) {
+  Backend b;
+  b.name = "llm-group";
+  b.reads_weights = false;
+  b.create = [options](std::shared_ptr<const Model> model,
+                       const RunnerOptions& ro) -> StatusOr<std::unique_ptr<ModelRunner>> {
+    if (ro.tokenizer == nullptr)
+      return InvalidArgumentError("LLM group: the workers' vocabulary needs the tokenizer");
+    LlmGroupOptions o = options;
+    o.kv_blocks = ro.num_kv_blocks;
+    const uint64_t fingerprint = VocabFingerprint(*ro.tokenizer);
+    SI_ASSIGN_OR_RETURN(auto runner, RemoteLlmRunner::Connect(o, std::move(model), fingerprint));
+    return std::unique_ptr<ModelRunner>(std::move(runner));
+  };
+  return b;
+}
+
 StatusOr<std::unique_ptr<RemoteLlmRunner>> RemoteLlmRunner::Connect(
     const LlmGroupOptions& o, std::shared_ptr<const Model> model, uint64_t fingerprint) {
   if (!model) return InvalidArgumentError("LLM group: no model configuration");

@@ -21,7 +21,7 @@
 // Use: the manager keeps the model's config (and tokenizer) itself, drives the runner with a
 // KvCacheManager(num_kv_blocks(), kv_block_size()) and a BatchGenerator, and may call Probe()
 // periodically (e.g. from its health loop) so a returned worker is taken back before the next
-// request arrives.
+// request arrives. LlmGroupBackend makes the group a backend of the engine.
 //
 // Thread safety: all methods may be called from any thread; calls are serialised internally.
 #pragma once
@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/registry.h"
 
 namespace specinfer {
 
@@ -50,6 +51,11 @@ struct LlmGroupOptions {
   std::chrono::milliseconds collective_timeout{10000};  // workers' Gloo waits and Join
   std::chrono::milliseconds probe_timeout{2000};        // Register / Health while probing
 };
+
+// The group as a backend (backend/registry.h) for EngineOptions::custom_backend, named
+// "llm-group": its factory Connect()s with kv_blocks = RunnerOptions::num_kv_blocks and the
+// vocabulary fingerprint of RunnerOptions::tokenizer (required). It reads no weights.
+Backend LlmGroupBackend(const LlmGroupOptions& options);
 
 class RemoteLlmRunner final : public ModelRunner {
  public:
@@ -74,8 +80,8 @@ class RemoteLlmRunner final : public ModelRunner {
   // BatchGenerator fails the sequences that hold some (SequenceRun::CheckKvEpoch) before they
   // share a pass with new ones.
   uint64_t kv_epoch() const override { return kv_epoch_.load(); }
-  // The KvCacheManager driving this runner must use this block size.
-  int32_t kv_block_size() const { return kv_block_size_; }
+  // The workers' block size (the KvCacheManager driving this runner must use it).
+  int32_t kv_block_size() const override { return kv_block_size_; }
 
   // The group epoch now (changes on every re-formation).
   uint64_t epoch() const;

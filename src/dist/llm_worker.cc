@@ -14,7 +14,6 @@
 #include "backend/forward_check.h"
 #include "dist/collective.h"
 #include "dist/model_identity.h"
-#include "model/dequantize.h"
 #include "model/loader.h"
 #include "proto/llm_worker.grpc.pb.h"
 #include "spec/token_tree.h"
@@ -388,17 +387,13 @@ LlmWorkerServer::LlmWorkerServer(std::unique_ptr<Impl> impl) : impl_(std::move(i
 LlmWorkerServer::~LlmWorkerServer() { Shutdown(); }
 
 StatusOr<std::unique_ptr<LlmWorkerServer>> LlmWorkerServer::Start(const LlmWorkerOptions& o) {
-  if (o.context_length < 0) return InvalidArgumentError("context length must be >= 0");
-  SI_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelAndTokenizer(o.model_path, o.tokenizer_path));
-  std::unique_ptr<Model> model = std::move(loaded.model);
-  if (o.context_length > 0 && o.context_length < model->config().max_seq_len)
-    model->set_context_length(o.context_length);
-  if (o.dequantize) {
-    SI_ASSIGN_OR_RETURN(std::unique_ptr<Model> f32, DequantizeToF32(*model));
-    model = std::move(f32);
-  }
+  ServingLoadOptions lo;  // no prefault: the shard reads only its own layers' pages
+  lo.tokenizer_path = o.tokenizer_path;
+  lo.context_length = o.context_length;
+  lo.dequantize = o.dequantize;
+  SI_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelForServing(o.model_path, lo));
   const uint64_t fingerprint = VocabFingerprint(*loaded.tokenizer);
-  return Start(o, std::shared_ptr<const Model>(std::move(model)), fingerprint);
+  return Start(o, std::shared_ptr<const Model>(std::move(loaded.model)), fingerprint);
 }
 
 StatusOr<std::unique_ptr<LlmWorkerServer>> LlmWorkerServer::Start(

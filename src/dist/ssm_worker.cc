@@ -10,7 +10,6 @@
 
 #include "dist/model_identity.h"
 #include "dist/ssm_wire.h"
-#include "model/dequantize.h"
 #include "model/loader.h"
 #include "proto/ssm_worker.grpc.pb.h"
 #include "spec/speculator.h"
@@ -214,18 +213,16 @@ StatusOr<std::unique_ptr<SsmWorkerServer>> SsmWorkerServer::Start(const SsmWorke
     return InvalidArgumentError("listen address '" + o.listen + "' is not host:port");
   const std::string host = o.listen.substr(0, colon);
 
-  SI_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelAndTokenizer(o.model_path, o.tokenizer_path));
-  std::unique_ptr<Model> model = std::move(loaded.model);
-  if (o.context_length > 0 && o.context_length < model->config().max_seq_len)
-    model->set_context_length(o.context_length);
-  if (o.dequantize) {
-    SI_ASSIGN_OR_RETURN(std::unique_ptr<Model> f32, DequantizeToF32(*model));
-    model = std::move(f32);
-  }
-  std::shared_ptr<const Model> shared(std::move(model));
+  ServingLoadOptions lo;
+  lo.tokenizer_path = o.tokenizer_path;
+  lo.context_length = o.context_length;
+  lo.dequantize = o.dequantize;
+  SI_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelForServing(o.model_path, lo));
+  std::shared_ptr<const Model> shared(std::move(loaded.model));
   SpeculatorOptions so;
   so.max_sequences = o.max_sessions;
   so.kv_block_size = o.kv_block_size;
+  so.backend = o.backend;
   so.num_threads = o.num_threads;
   so.llm_tokenizer = loaded.tokenizer.get();
   SI_ASSIGN_OR_RETURN(std::unique_ptr<Speculator> spec, CreateSpeculator(o.speculator, shared, so));

@@ -30,6 +30,8 @@ struct SsmWorkerOptions {
   std::string model_path;
   std::string tokenizer_path;     // "": the model's own
   std::string speculator = "ngram";
+  // Where a model or layers speculator runs: a registered backend (backend/registry.h).
+  std::string backend = "cpu";
   std::string listen = "127.0.0.1:0";  // host:port; port 0 picks a free one (see port())
   std::string label = "ssm[0]";
   int32_t num_threads = 1;        // 0: all hardware threads

@@ -3,23 +3,14 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <filesystem>
-#include <map>
 #include <thread>
 
-#include "backend/cpu/cpu_runner.h"
 #include "common/thread_pool.h"
-#include "model/dequantize.h"
 #include "model/loader.h"
 
 namespace specinfer {
 
 namespace {
-
-std::map<std::string, RunnerFactory>& RunnerFactories() {
-  static std::map<std::string, RunnerFactory> factories;
-  return factories;
-}
 
 // The text of special token `id` as a template writes it (Jinja's bos_token / eos_token): its
 // vocabulary piece without surrounding whitespace (llama2.c stores BOS as "\n<s>\n"), provided
@@ -36,76 +27,55 @@ std::string SpecialTokenText(const Tokenizer& tok, int32_t id) {
 
 }  // namespace
 
-void RegisterRunnerFactory(const std::string& backend, RunnerFactory factory) {
-  RunnerFactories()[backend] = std::move(factory);
-}
-
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
-  auto engine = std::unique_ptr<Engine>(new Engine());
-  SI_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelAndTokenizer(o.model_path, o.tokenizer_path));
-  std::unique_ptr<Model> model = std::move(loaded.model);
-  const ModelFormat format = loaded.format;
-  if (o.context_length < 0) return InvalidArgumentError("context length must be >= 0");
-  if (o.context_length > 0 && o.context_length < model->config().max_seq_len) {
-    // A shorter context than the model's saves KV memory. (A longer one is refused: the model
-    // was not trained for it.)
-    model->set_context_length(o.context_length);
-  }
-  const bool local_runner = !o.runner_factory;
-  if (local_runner) model->Prefault(o.load_progress);
-  if (o.dequantize && local_runner) {
-    SI_ASSIGN_OR_RETURN(std::unique_ptr<Model> f32, DequantizeToF32(*model));
-    model = std::move(f32);
-  }
-  engine->model_ = std::shared_ptr<Model>(std::move(model));
-  engine->tokenizer_ = std::move(loaded.tokenizer);
-  engine->chat_template_ = std::move(loaded.chat_template);
-
-  const ModelConfig& c = engine->model_->config();
   if (o.kv_block_size <= 0 || o.max_sequences <= 0)
     return InvalidArgumentError("kv block size and max sequences must be positive");
-  const int32_t blocks_per_seq = KvBlocksPerSequence(c.max_seq_len, o.kv_block_size);
-  CpuRunnerOptions ro;
-  ro.num_threads = o.num_threads;
-  ro.kv_block_size = o.kv_block_size;
-  ro.num_kv_blocks = blocks_per_seq * o.max_sequences;
-  if (local_runner && o.backend == "cpu") {
-    SI_ASSIGN_OR_RETURN(auto runner, CpuModelRunner::Create(engine->model_, ro));
-    spdlog::info("loaded {} ({}), {} MiB of weights, backend {} with {} threads",
-                 o.model_path, c.ToString(), engine->model_->WeightBytes() >> 20, runner->name(),
-                 runner->num_threads());
-    engine->pool_ = runner->pool();
-    engine->runner_ = std::move(runner);
-  } else {
-    if (!local_runner) {
-      SI_ASSIGN_OR_RETURN(engine->runner_,
-                          o.runner_factory(engine->model_, *engine->tokenizer_, ro.num_kv_blocks));
-      if (!engine->runner_) return InternalError("the runner factory returned no runner");
-      spdlog::info("model {} ({}) runs on {}", o.model_path, c.ToString(), engine->runner_->name());
-    } else {
-      auto it = RunnerFactories().find(o.backend);
-      if (it == RunnerFactories().end()) {
-        return o.backend == "cuda"
-                   ? FailedPreconditionError("this build has no CUDA backend (rebuild where the "
-                                             "CUDA toolkit is installed)")
-                   : InvalidArgumentError("unknown backend '" + o.backend +
-                                          "' (expected cpu or cuda)");
-      }
-      RunnerFactoryOptions fo;
-      fo.num_kv_blocks = ro.num_kv_blocks;
-      fo.kv_block_size = ro.kv_block_size;
-      SI_ASSIGN_OR_RETURN(engine->runner_, it->second(engine->model_, fo));
-      spdlog::info("loaded {} ({}), {} MiB of weights, backend {}", o.model_path, c.ToString(),
-                   engine->model_->WeightBytes() >> 20, engine->runner_->name());
-      // Draft models run on the CPU, on threads of their own.
-      engine->pool_ = std::make_shared<ThreadPool>(
-          o.num_threads > 0 ? o.num_threads
-                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-    }
-  }
+  SI_ASSIGN_OR_RETURN(const Backend backend,
+                      o.custom_backend ? StatusOr<Backend>(*o.custom_backend)
+                                       : FindBackend(o.backend));
+  SI_RETURN_IF_ERROR(FindBackend(o.draft_backend).status());
+  ServingLoadOptions lo;
+  lo.tokenizer_path = o.tokenizer_path;
+  lo.context_length = o.context_length;
+  lo.prefault = backend.reads_weights;
+  lo.progress = o.load_progress;
+  lo.dequantize = o.dequantize && backend.reads_weights;
+  SI_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelForServing(o.model_path, lo));
+  const ModelFormat format = loaded.format;
+
+  auto engine = std::unique_ptr<Engine>(new Engine());
+  engine->model_ = std::shared_ptr<Model>(std::move(loaded.model));
+  engine->tokenizer_ = std::move(loaded.tokenizer);
+  engine->chat_template_ = std::move(loaded.chat_template);
   engine->max_sequences_ = o.max_sequences;
   engine->kv_block_size_ = o.kv_block_size;
-  engine->kv_ = std::make_unique<KvCacheManager>(ro.num_kv_blocks, ro.kv_block_size);
+  engine->draft_backend_ = o.draft_backend;
+  // One pool of CPU threads for the LLM's runner (if it runs on the CPU) and the CPU drafts,
+  // which take turns with it. A remote group's manager leaves its drafts their own threads.
+  if (backend.reads_weights) {
+    engine->pool_ = std::make_shared<ThreadPool>(
+        o.num_threads > 0 ? o.num_threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  }
+
+  const ModelConfig& c = engine->model_->config();
+  RunnerOptions ro;
+  ro.num_kv_blocks = KvBlocksPerSequence(c.max_seq_len, o.kv_block_size) * o.max_sequences;
+  ro.kv_block_size = o.kv_block_size;
+  ro.pool = engine->pool_;
+  ro.num_threads = o.num_threads;
+  ro.tokenizer = engine->tokenizer_.get();
+  SI_ASSIGN_OR_RETURN(engine->runner_, CreateRunner(backend, engine->model_, ro));
+  const ModelRunner& runner = *engine->runner_;
+  if (runner.num_kv_blocks() <= 0 || runner.kv_block_size() <= 0)
+    return InternalError("runner " + runner.name() + " reports no KV storage");
+  engine->kv_ = std::make_unique<KvCacheManager>(runner.num_kv_blocks(), runner.kv_block_size());
+  spdlog::info("model {} ({}), {} MiB of weights{}, runs on {}{}; {} KV blocks of {}",
+               o.model_path, c.ToString(), engine->model_->WeightBytes() >> 20,
+               backend.reads_weights ? "" : " (not read here)", runner.name(),
+               engine->pool_ ? ", " + std::to_string(engine->pool_->num_threads()) + " CPU threads"
+                             : "",
+               runner.num_kv_blocks(), runner.kv_block_size());
 
   const Tokenizer& tok = *engine->tokenizer_;
   if (tok.eos_id() >= 0) engine->stop_tokens_.push_back(tok.eos_id());
@@ -136,6 +106,7 @@ StatusOr<Speculator*> Engine::AddSpeculator(const std::string& spec) {
   so.max_sequences = max_sequences_;
   so.kv_block_size = kv_block_size_;
   so.pool = pool_;
+  so.backend = draft_backend_;
   so.llm_tokenizer = tokenizer_.get();
   SI_ASSIGN_OR_RETURN(std::unique_ptr<Speculator> s, CreateSpeculator(spec, model_, so));
   speculators_.push_back(std::move(s));

@@ -1,13 +1,16 @@
 // An Engine bundles what serving one model needs: the model, its tokenizer, a runner on a
-// backend and the KV cache. The CLI, the benchmarks and (later) the servers build on it.
+// backend (backend/registry.h), the KV cache sized from the runner, and the speculators. The
+// CLI, the benchmarks, the servers and the cluster manager build on it.
 #pragma once
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/registry.h"
 #include "engine/chat_template.h"
 #include "engine/generator.h"
 #include "kv/kv_cache.h"
@@ -33,17 +36,19 @@ struct EngineOptions {
   // Speculators to load at start (spec strings, see spec/speculator.h); ngram and layers ones
   // can also be created later by name, model ones only here.
   std::vector<std::string> drafts;
-  // Where the model runs: "cpu", or "cuda" (builds with the CUDA backend, which registers it;
-  // see RegisterRunnerFactory). Draft models always run on the CPU.
+  // Where the model runs: a backend registered under this name (backend/registry.h: "cpu", and
+  // "cuda" in builds with the CUDA backend). The runner is created with KV storage for
+  // max_sequences full contexts, and the engine's KvCacheManager takes the runner's geometry.
   std::string backend = "cpu";
+  // A backend given directly, used in place of `backend` when set: e.g. the cluster manager's
+  // group of remote LLM workers (LlmGroupBackend, dist/llm_client.h). A backend that does not
+  // read weights gets the loaded model for its configuration only: the weights are then neither
+  // paged in here nor dequantized.
+  std::optional<Backend> custom_backend;
+  // Where model and layers drafts run: a registered backend name, as `backend`. CPU drafts share
+  // the engine's threads; layers drafts read the LLM's weights (a GPU one uploads its own copy).
+  std::string draft_backend = "cpu";
 
-  // Distributed serving (src/dist/). Builds the LLM's runner in place of the local CPU one, e.g.
-  // a client of remote LLM workers, from the loaded model (its configuration; the weights are
-  // then not paged in here, nor dequantized), the tokenizer and the number of KV blocks of the
-  // engine's cache. Null: the runner of `backend`.
-  std::function<StatusOr<std::unique_ptr<ModelRunner>>(
-      std::shared_ptr<const Model> model, const Tokenizer& tokenizer, int32_t num_kv_blocks)>
-      runner_factory;
   // Builds more speculators once the model and tokenizer are loaded, e.g. RemoteSpeculator over
   // SSM workers. They join after `drafts`, found by name() like them (a name equal to a spec
   // string of `drafts` is refused). Null: none.
@@ -51,18 +56,6 @@ struct EngineOptions {
       std::shared_ptr<const Model> model, const Tokenizer& tokenizer)>
       speculator_factory;
 };
-
-// Creating the runner of a backend other than the CPU's. A backend library registers its factory
-// (the CUDA one in cuda::RegisterCudaBackend, called by the programs built with it), so the
-// engine needs no backend headers.
-struct RunnerFactoryOptions {
-  int32_t num_kv_blocks = 0;
-  int32_t kv_block_size = 16;
-};
-using RunnerFactory = std::function<StatusOr<std::unique_ptr<ModelRunner>>(
-    std::shared_ptr<const Model> model, const RunnerFactoryOptions& options)>;
-// Thread safety: call before creating engines (at program start).
-void RegisterRunnerFactory(const std::string& backend, RunnerFactory factory);
 
 class Engine {
  public:
@@ -116,6 +109,7 @@ class Engine {
   std::shared_ptr<ThreadPool> pool_;
   int32_t max_sequences_ = 1;
   int32_t kv_block_size_ = 16;
+  std::string draft_backend_ = "cpu";
   std::vector<std::unique_ptr<Speculator>> speculators_;
 };
 

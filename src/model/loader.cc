@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "model/dequantize.h"
 #include "model/gguf_loader.h"
 #include "model/hf_loader.h"
 #include "model/llama2c_loader.h"
@@ -89,6 +90,24 @@ StatusOr<LoadedModel> LoadModelAndTokenizer(const std::string& model_path,
                                 std::to_string(out.tokenizer->vocab_size()) +
                                 " tokens but the model only " +
                                 std::to_string(out.model->config().vocab_size));
+  }
+  return out;
+}
+
+StatusOr<LoadedModel> LoadModelForServing(const std::string& model_path,
+                                          const ServingLoadOptions& o) {
+  if (o.context_length < 0) return InvalidArgumentError("context length must be >= 0");
+  StatusOr<LoadedModel> loaded = LoadModelAndTokenizer(model_path, o.tokenizer_path);
+  // Whatever kept the tokenizer from loading, the model alone may still load ("-": no tokenizer).
+  if (!loaded.ok() && o.tokenizer_optional) loaded = LoadModelAndTokenizer(model_path, "-");
+  SI_RETURN_IF_ERROR(loaded.status());
+  LoadedModel out = std::move(loaded).value();
+  if (o.context_length > 0 && o.context_length < out.model->config().max_seq_len)
+    out.model->set_context_length(o.context_length);
+  if (o.prefault) out.model->Prefault(o.progress);
+  if (o.dequantize) {
+    SI_ASSIGN_OR_RETURN(std::unique_ptr<Model> f32, DequantizeToF32(*out.model));
+    out.model = std::move(f32);
   }
   return out;
 }

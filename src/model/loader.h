@@ -4,6 +4,7 @@
 //   - Hugging Face model directories (config.json + safetensors): llama and qwen2, F32/F16/BF16.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -32,5 +33,29 @@ struct LoadedModel {
 // checkpoint (NotFound, saying so, if absent).
 StatusOr<LoadedModel> LoadModelAndTokenizer(const std::string& model_path,
                                             const std::string& tokenizer_path);
+
+// How a process that serves a model prepares it (LoadModelForServing).
+struct ServingLoadOptions {
+  std::string tokenizer_path;  // as LoadModelAndTokenizer
+  // True: a model whose tokenizer cannot be loaded (a llama2.c draft without tokenizer.bin) is
+  // loaded alone, LoadedModel::tokenizer null. False: that is an error.
+  bool tokenizer_optional = false;
+  // Serve with a context this short (saves KV memory); 0, or longer than the model's own: the
+  // model's own (a model is not served beyond what it was trained for). Negative: InvalidArgument.
+  int32_t context_length = 0;
+  // Page every weight in now, reporting the fraction (0..1) to `progress` if set, so that the
+  // first requests do not wait for the disk: for a process whose runner reads the whole model.
+  // Off for a shard worker (it reads its part only) and for a remote runner's manager.
+  bool prefault = false;
+  std::function<void(double)> progress;
+  // Converts every weight matrix to float32 (model/dequantize.h; 4 bytes per weight), after the
+  // prefault.
+  bool dequantize = false;
+};
+
+// Loads `model_path` and its tokenizer, then shortens the context, prefaults and dequantises as
+// `options` say. Load errors pass through.
+StatusOr<LoadedModel> LoadModelForServing(const std::string& model_path,
+                                          const ServingLoadOptions& options);
 
 }  // namespace specinfer

@@ -4,7 +4,7 @@
 #include <charconv>
 #include <numeric>
 
-#include "backend/cpu/cpu_runner.h"
+#include "backend/registry.h"
 #include "kv/kv_cache.h"
 #include "model/loader.h"
 #include "spec/ngram.h"
@@ -35,12 +35,13 @@ class ModelDraftSession final : public DraftSession {
 
 class ModelSpeculator final : public Speculator {
  public:
+  // The cache takes the runner's KV geometry.
   ModelSpeculator(std::string name, std::shared_ptr<const Model> model,
-                  std::unique_ptr<CpuModelRunner> runner, int32_t blocks, int32_t block_size)
+                  std::unique_ptr<ModelRunner> runner)
       : name_(std::move(name)),
         model_(std::move(model)),
         runner_(std::move(runner)),
-        kv_(blocks, block_size) {}
+        kv_(runner_->num_kv_blocks(), runner_->kv_block_size()) {}
 
   const std::string& name() const override { return name_; }
   StatusOr<std::unique_ptr<DraftSession>> StartSession() override {
@@ -54,7 +55,7 @@ class ModelSpeculator final : public Speculator {
  private:
   std::string name_;
   std::shared_ptr<const Model> model_;
-  std::unique_ptr<CpuModelRunner> runner_;
+  std::unique_ptr<ModelRunner> runner_;
   KvCacheManager kv_;
 };
 
@@ -223,15 +224,17 @@ StatusOr<std::unique_ptr<Speculator>> CreateModelSpeculator(std::string name,
   const ModelConfig& c = model->config();
   if (o.kv_block_size <= 0 || o.max_sequences <= 0)
     return InvalidArgumentError("draft KV cache needs positive block size and sequence count");
-  const int32_t blocks_per_seq = KvBlocksPerSequence(c.max_seq_len, o.kv_block_size);
-  CpuRunnerOptions ro;
-  ro.num_threads = o.num_threads;
-  ro.pool = o.pool;
+  RunnerOptions ro;
+  ro.num_kv_blocks = KvBlocksPerSequence(c.max_seq_len, o.kv_block_size) * o.max_sequences;
   ro.kv_block_size = o.kv_block_size;
-  ro.num_kv_blocks = blocks_per_seq * o.max_sequences;
-  SI_ASSIGN_OR_RETURN(auto runner, CpuModelRunner::Create(model, ro));
-  return std::unique_ptr<Speculator>(new ModelSpeculator(
-      std::move(name), std::move(model), std::move(runner), ro.num_kv_blocks, ro.kv_block_size));
+  ro.pool = o.pool;
+  ro.num_threads = o.num_threads;
+  ro.tokenizer = o.llm_tokenizer;
+  SI_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, CreateRunner(o.backend, model, ro));
+  if (runner->num_kv_blocks() <= 0 || runner->kv_block_size() <= 0)
+    return InternalError("draft runner " + runner->name() + " reports no KV storage");
+  return std::unique_ptr<Speculator>(
+      new ModelSpeculator(std::move(name), std::move(model), std::move(runner)));
 }
 
 }  // namespace
@@ -276,14 +279,14 @@ StatusOr<std::unique_ptr<Speculator>> CreateSpeculator(std::string_view spec,
     return CreateModelSpeculator(std::string(spec), Model::FirstLayers(llm, p.number), o);
   }
   // model:PATH. Its tokenizer is optional: a llama2.c draft may have no tokenizer.bin beside it.
-  std::unique_ptr<Model> draft;
-  std::unique_ptr<Tokenizer> draft_tokenizer;
-  if (auto loaded = LoadModelAndTokenizer(p.arg, ""); loaded.ok()) {
-    draft = std::move(loaded->model);
-    draft_tokenizer = std::move(loaded->tokenizer);
-  } else {
-    SI_ASSIGN_OR_RETURN(draft, LoadModel(p.arg));
-  }
+  // The draft serves the LLM's context (a shorter own context limits how far it can guess).
+  ServingLoadOptions lo;
+  lo.tokenizer_optional = true;
+  lo.context_length = lc.max_seq_len;
+  lo.prefault = true;
+  SI_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelForServing(p.arg, lo));
+  std::unique_ptr<Model> draft = std::move(loaded.model);
+  std::unique_ptr<Tokenizer> draft_tokenizer = std::move(loaded.tokenizer);
   const ModelConfig& dc = draft->config();
   const std::string share = "; a draft must share the model's vocabulary";
   if (dc.vocab_size != lc.vocab_size)
@@ -305,9 +308,6 @@ StatusOr<std::unique_ptr<Speculator>> CreateSpeculator(std::string_view spec,
                                     "' in the model" + share);
     }
   }
-  // The draft serves the LLM's context (a shorter own context limits how far it can guess).
-  if (dc.max_seq_len > lc.max_seq_len) draft->set_context_length(lc.max_seq_len);
-  draft->Prefault(nullptr);
   return CreateModelSpeculator(std::string(spec), std::shared_ptr<const Model>(std::move(draft)),
                                o);
 }

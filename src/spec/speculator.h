@@ -11,7 +11,8 @@
 // Model drafts expand level by level (SpecInfer's expansion-based construction): at step i every
 // frontier node gets the draft's top-k_i tokens under greedy decoding (deterministic proposals)
 // or k_i independent draws from the draft's distribution q under sampling (q recorded with each
-// proposal, for verifier.h). The draft runs incrementally on its own KV cache: each Propose
+// proposal, for verifier.h). The draft runs incrementally on its own runner (on the backend
+// SpeculatorOptions::backend names) and KV cache, sized from the runner: each Propose
 // first brings the cache up to the sequence's committed tokens (keeping the common prefix with
 // what it holds, so rejected guesses leave nothing behind), then appends one tree level per pass
 // with a topology-aware mask.
@@ -65,7 +66,11 @@ class Speculator {
 struct SpeculatorOptions {
   int32_t max_sequences = 1;   // sequences a model draft keeps KV for at once
   int32_t kv_block_size = 16;
-  std::shared_ptr<ThreadPool> pool;  // threads shared with the LLM's runner; null: own threads
+  // Where a model or layers draft runs: a registered backend name (backend/registry.h). On
+  // another backend than the LLM's, a layers draft holds its own copy of the layers it uses.
+  std::string backend = "cpu";
+  // For CPU drafts: threads shared with the LLM's runner; null: own threads.
+  std::shared_ptr<ThreadPool> pool;
   int32_t num_threads = 0;           // without a pool: 0 means all hardware threads
   // The LLM's tokenizer: when given, a draft model's own vocabulary (if its file has one) must
   // match it piece for piece, not only in size.
@@ -74,7 +79,8 @@ struct SpeculatorOptions {
 
 // Creates a speculator for the LLM `llm` from a spec string (see the file comment).
 // InvalidArgument for a malformed spec, a layer count outside [1, llm layers), a draft model
-// whose vocabulary differs from the LLM's; load errors of a draft model pass through.
+// whose vocabulary differs from the LLM's; load errors of a draft model and the backend's
+// errors (backend/registry.h: unknown name, no device) pass through.
 StatusOr<std::unique_ptr<Speculator>> CreateSpeculator(std::string_view spec,
                                                        std::shared_ptr<const Model> llm,
                                                        const SpeculatorOptions& options);

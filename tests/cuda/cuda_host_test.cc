@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_runner.h"
 #include "backend/cuda/tree_attention_plan.h"
 #include "engine/engine.h"

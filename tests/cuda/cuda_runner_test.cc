@@ -3,6 +3,7 @@
 // generation on the GPU equal to the CPU's token for token, speculative generation on the GPU
 // equal to incremental generation on the GPU, KV compaction, batches run in pieces, and memory
 // shortfalls reported as errors.
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_runner.h"
 
 #include <gtest/gtest.h>
@@ -274,6 +275,40 @@ TEST(CudaRunner, SpeculativeGenerationEqualsIncrementalOnGpu) {
     }
   }
   EXPECT_EQ(gpu->kv().used_blocks(), 0);
+}
+
+// --draft-backend cuda: model and layers drafts get their runners from the registry like the
+// LLM (here on the CPU), and greedy speculative output stays the incremental output.
+TEST(CudaRunner, DraftsOnTheGpuKeepGreedyOutput) {
+  cuda::RegisterCudaBackend();
+  EngineOptions o;
+  o.model_path = testing::Stories260KModel();
+  o.tokenizer_path = testing::Stories260KTokenizer();
+  o.num_threads = 2;
+  o.draft_backend = "cuda";
+  o.drafts = {"layers:2", "model:" + o.model_path};
+  auto e = Engine::Create(o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  Engine& engine = **e;
+  GenerateRequest req;
+  req.prompt_tokens = *engine.EncodePrompt("Once upon a time");
+  req.max_new_tokens = testing::kEmulated ? 24 : 120;
+  req.sampling.temperature = 0;
+  req.stop_tokens = engine.default_stop_tokens();
+  auto base = engine.Generate(req);
+  ASSERT_TRUE(base.ok()) << base.status().ToString();
+  for (Speculator* s : engine.speculators()) {
+    GenerateRequest sreq = req;
+    sreq.tree_shape = *TreeShape::Parse("1,1,3,1");
+    sreq.speculators = {s};
+    auto r = engine.Generate(sreq);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->tokens, base->tokens) << s->name();
+    EXPECT_LE(r->stats.decode_passes, base->stats.decode_passes) << s->name();
+    // The model draft is the LLM itself: it guesses right, so the LLM runs fewer passes.
+    if (s->name().starts_with("model:"))
+      EXPECT_LT(r->stats.decode_passes, base->stats.decode_passes);
+  }
 }
 
 // The default model (Q4_1 weights read directly by the kernels, activations in float32). Its

@@ -86,7 +86,7 @@ TEST(ClusterConfig, ShippedExamples) {
   EXPECT_EQ(multi->llm.backend, "cpu");
   EXPECT_TRUE(CheckClusterRunnable(*multi).ok());
 
-  // backend: cuda cannot run here (no CUDA model runner for LLM workers in any build yet).
+  // backend: cuda cannot run on LLM workers (they run on the CPU only so far, in every build).
   for (const char* name : {"multi-gpu-node", "two-node"}) {
     auto c = LoadClusterConfig(testing::SourcePath(std::string("configs/") + name + ".yaml"));
     EXPECT_EQ(c->llm.backend, "cuda");
@@ -124,6 +124,8 @@ TEST(ClusterConfig, BadConfigsAreRefusedNamingTheKey) {
        "llm.workers: 1 workers for tp 2 x pp 2 (needs 4"},
       {Minimal("", "llm: {tp: 2}"), "need placement: workers"},
       {Minimal("", "llm: {backend: rocm}"), "llm.backend: 'rocm'"},
+      {Minimal("ssm: [{spec: ngram, backend: tpu, replicas: [{port: 1}]}]"),
+       "ssm[0].backend: 'tpu'"},
       {Minimal("", "llm: {placement: sideways}"), "llm.placement"},
       {Minimal("", "llm: {model: other}"), "unknown model 'other'"},
       {Minimal("", "llm: {placement: workers, workers: [{port: 5, thread: 1}]}"),
@@ -152,6 +154,20 @@ TEST(ClusterConfig, BadConfigsAreRefusedNamingTheKey) {
   }
   auto missing = LoadClusterConfig("/nonexistent/cluster.yaml");
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+}
+
+// Backends come from the registry (backend/registry.h): one this program has not registered
+// (tests register no CUDA backend) is refused, naming the key, wherever it is used.
+TEST(ClusterConfig, UnregisteredBackendsAreRefused) {
+  for (const char* yaml : {"llm: {backend: cuda}", "llm: {}\nssm: [{spec: 'layers:1', "
+                                                   "backend: cuda, replicas: [{port: 1}]}]"}) {
+    auto c = ParseClusterConfig(Minimal("", yaml), "x.yaml");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    const Status s = CheckClusterRunnable(*c);
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << yaml;
+    EXPECT_NE(s.message().find("backend: cuda: this build has no CUDA backend"), std::string::npos)
+        << s.message();
+  }
 }
 
 TEST(ClusterConfig, PortZeroIsOnlyForOneMachine) {

@@ -239,6 +239,7 @@ class FailingRunner final : public ModelRunner {
     return inner_.MoveKv(kv, s, src, dst);
   }
   int32_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
+  int32_t kv_block_size() const override { return inner_.kv_block_size(); }
 
  private:
   ModelRunner& inner_;

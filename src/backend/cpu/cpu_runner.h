@@ -35,6 +35,7 @@ class CpuModelRunner final : public ModelRunner {
   Status MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,
                 std::span<const int32_t> dst) override;
   int32_t num_kv_blocks() const override { return shard_->num_kv_blocks(); }
+  int32_t kv_block_size() const override { return shard_->kv_block_size(); }
   int32_t num_threads() const { return shard_->pool()->num_threads(); }
   const std::shared_ptr<ThreadPool>& pool() const { return shard_->pool(); }
 

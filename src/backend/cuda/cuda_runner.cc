@@ -18,7 +18,6 @@
 #include "backend/llama_program.h"
 #include "dequant.cuh"
 #include "elementwise.cuh"
-#include "engine/engine.h"
 #include "kv_cache.cuh"
 #include "linear.cuh"
 #include "random_fill.cuh"
@@ -768,6 +767,7 @@ StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::CreateRandom(
 const Model& CudaModelRunner::model() const { return *impl_->model; }
 std::string CudaModelRunner::name() const { return "cuda:" + std::to_string(impl_->opt.device); }
 int32_t CudaModelRunner::num_kv_blocks() const { return impl_->opt.num_kv_blocks; }
+int32_t CudaModelRunner::kv_block_size() const { return impl_->opt.kv_block_size; }
 const CudaMemoryPlan& CudaModelRunner::memory_plan() const { return impl_->plan; }
 
 Status CudaModelRunner::Synchronize() {
@@ -836,19 +836,6 @@ Status CudaModelRunner::MoveKv(const KvCacheManager& kv, SeqId seq, std::span<co
                    "KV move"));
   }
   return CudaStatus(cudaStreamSynchronize(im.stream), "KV move");
-}
-
-void RegisterCudaBackend() {
-  RegisterRunnerFactory(
-      "cuda",
-      [](std::shared_ptr<const Model> model,
-         const RunnerFactoryOptions& o) -> StatusOr<std::unique_ptr<ModelRunner>> {
-        CudaRunnerOptions co;
-        co.num_kv_blocks = o.num_kv_blocks;
-        co.kv_block_size = o.kv_block_size;
-        SI_ASSIGN_OR_RETURN(auto r, CudaModelRunner::Create(std::move(model), co));
-        return std::unique_ptr<ModelRunner>(std::move(r));
-      });
 }
 
 }  // namespace specinfer::cuda

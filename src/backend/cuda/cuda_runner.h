@@ -95,6 +95,7 @@ class CudaModelRunner final : public ModelRunner {
   Status MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,
                 std::span<const int32_t> dst) override;
   int32_t num_kv_blocks() const override;
+  int32_t kv_block_size() const override;
 
   const CudaMemoryPlan& memory_plan() const;
   // Waits for the GPU and returns the first asynchronous error, if any (benchmarks use it to
@@ -107,8 +108,5 @@ class CudaModelRunner final : public ModelRunner {
   explicit CudaModelRunner(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
-
-// Registers the "cuda" backend with the engine (EngineOptions::backend), in builds with CUDA.
-void RegisterCudaBackend();
 
 }  // namespace specinfer::cuda
