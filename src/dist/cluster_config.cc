@@ -6,8 +6,7 @@
 #include <set>
 #include <sstream>
 
-#include "spec/speculator.h"
-#include "spec/token_tree.h"
+#include "spec/spec_grammar.h"
 
 namespace specinfer {
 
@@ -271,7 +270,7 @@ StatusOr<ClusterConfig> Parse(const YAML::Node& root, const std::string& source)
       SI_RETURN_IF_ERROR(r.Keys({"spec", "model", "max_sessions", "idle_timeout_s", "replicas"}));
       ClusterSsmGroup grp;
       SI_RETURN_IF_ERROR(r.Str("spec", &grp.spec, /*required=*/true));
-      if (Status s = ValidateSpeculatorSpec(grp.spec); !s.ok()) return r.Error("spec", s.message());
+      if (auto d = ParseDraftSpec(grp.spec); !d.ok()) return r.Error("spec", d.status().message());
       if (!specs.insert(grp.spec).second)
         return r.Error("spec", "'" + grp.spec + "' appears twice (replicas go in one entry)");
       SI_RETURN_IF_ERROR(model_ref(r, "model", &grp.model));

@@ -208,7 +208,7 @@ SsmWorkerServer::~SsmWorkerServer() { Shutdown(); }
 StatusOr<std::unique_ptr<SsmWorkerServer>> SsmWorkerServer::Start(const SsmWorkerOptions& o) {
   if (o.max_sessions < 1) return InvalidArgumentError("max_sessions must be >= 1");
   if (o.context_length < 0) return InvalidArgumentError("context length must be >= 0");
-  SI_RETURN_IF_ERROR(ValidateSpeculatorSpec(o.speculator));
+  SI_RETURN_IF_ERROR(ParseDraftSpec(o.speculator).status());
   const size_t colon = o.listen.rfind(':');
   if (colon == std::string::npos || colon == 0)
     return InvalidArgumentError("listen address '" + o.listen + "' is not host:port");

@@ -78,7 +78,7 @@ ApiError FromProto(const v1::GenerateRequest& in, CompletionRequest* out) {
     const v1::SpeculationParams& sp = in.speculation();
     out->speculation.enabled = sp.enabled();
     for (int i = 0; i < sp.draft_size(); ++i) {
-      auto d = ParseDraftSpec(sp.draft(i));
+      auto d = ParseDraftSpec(sp.draft(i), kServingLimits);
       if (!d.ok())
         return ApiError::FromStatus(d.status(), "speculation.draft[" + std::to_string(i) + "]");
       out->speculation.drafts.push_back(std::move(d).value());
