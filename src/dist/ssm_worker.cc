@@ -13,6 +13,7 @@
 #include "model/dequantize.h"
 #include "model/loader.h"
 #include "proto/ssm_worker.grpc.pb.h"
+#include "server/grpc_listen.h"
 #include "spec/speculator.h"
 
 namespace specinfer {
@@ -233,14 +234,11 @@ StatusOr<std::unique_ptr<SsmWorkerServer>> SsmWorkerServer::Start(const SsmWorke
   auto impl = std::make_unique<Impl>();
   impl->service = std::make_unique<SsmWorkerService>(o, shared, std::move(loaded.tokenizer),
                                                      std::move(spec));
-  grpc::ServerBuilder builder;
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(o.listen, grpc::InsecureServerCredentials(), &impl->port);
-  builder.SetMaxReceiveMessageSize(64 << 20);
-  builder.RegisterService(impl->service.get());
-  impl->server = builder.BuildAndStart();
-  if (!impl->server || impl->port == 0)
-    return UnavailableError(o.label + ": cannot bind " + o.listen);
+  grpc::Service* const services[] = {impl->service.get()};
+  auto started = BindGrpcServer(services, {.address = o.listen});
+  if (!started.ok()) return started.status().WithContext(o.label);
+  impl->server = std::move(started->server);
+  impl->port = started->port;
   impl->service->set_address(host + ":" + std::to_string(impl->port));
   spdlog::info("{}: serving speculator {} on {} ({}, up to {} sessions)",
                impl->service->name(), o.speculator, o.model_path,
