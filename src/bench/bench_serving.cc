@@ -33,7 +33,7 @@
 #include <thread>
 
 #include "server/inference_server.h"
-#include "sse_client.h"
+#include "server/sse_client.h"
 
 namespace specinfer {
 namespace {
@@ -72,7 +72,7 @@ struct Sample {
 Sample RunOne(int port, const json& body) {
   Sample s;
   const auto t0 = Clock::now();
-  testing::HttpReply r = testing::Post("127.0.0.1", port, "/v1/chat/completions", body.dump());
+  SseReply r = PostSse("127.0.0.1", port, "/v1/chat/completions", body.dump());
   s.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   if (r.status != 200) {
     std::fprintf(stderr, "request failed: %d %s %s\n", r.status, r.error.c_str(), r.body.c_str());

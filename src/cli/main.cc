@@ -61,7 +61,7 @@ struct GenerateArgs {
   bool chat = false;
   std::string chat_template;  // empty: the model's own
   std::string system;
-  std::string tree = "1,1,3,1,1,1,1,1";  // SpecInfer's example expansion
+  std::string tree = std::string(kDefaultTreeShape);  // SpecInfer's example expansion
 };
 
 void AddEngineOptions(CLI::App* cmd, EngineOptions& o) {

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "engine/engine.h"
+#include "spec/spec_grammar.h"
 
 namespace CLI {
 class App;
@@ -36,7 +37,8 @@ struct ServeArgs {
   int max_queue = 64;
   int64_t max_body_bytes = 4 << 20;
   int http_threads = 0;  // 0: max_queue + 16
-  std::string tree = "1,1,3,1,1,1,1,1";  // default token-tree shape of speculative requests
+  // Token-tree shape of speculative requests that give none.
+  std::string tree = std::string(kDefaultTreeShape);
 };
 
 // Adds the serve options to `cmd`: the `serve` subcommand of `specinfer`, or the top-level app

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "backend/registry.h"
+#include "spec/spec_grammar.h"
 #include "spec/speculator.h"
 #include "spec/token_tree.h"
 
@@ -278,7 +279,7 @@ StatusOr<ClusterConfig> Parse(const YAML::Node& root, const std::string& source)
           r.Keys({"spec", "model", "backend", "max_sessions", "idle_timeout_s", "replicas"}));
       ClusterSsmGroup grp;
       SI_RETURN_IF_ERROR(r.Str("spec", &grp.spec, /*required=*/true));
-      if (Status s = ValidateSpeculatorSpec(grp.spec); !s.ok()) return r.Error("spec", s.message());
+      if (auto d = ParseDraftSpec(grp.spec); !d.ok()) return r.Error("spec", d.status().message());
       if (!specs.insert(grp.spec).second)
         return r.Error("spec", "'" + grp.spec + "' appears twice (replicas go in one entry)");
       SI_RETURN_IF_ERROR(model_ref(r, "model", &grp.model));

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "spec/spec_grammar.h"
 #include "specinfer/status.h"
 
 namespace specinfer {
@@ -54,7 +55,7 @@ struct ClusterManager {
   ClusterEndpoint endpoint;  // host and threads; endpoint.port is the HTTP port
   std::string bind;          // address the frontends bind ("": the host's address)
   int32_t grpc_port = 0;     // 0: no gRPC API
-  std::string tree = "1,1,3,1,1,1,1,1";
+  std::string tree = std::string(kDefaultTreeShape);
   std::string served_model_name;
   std::string chat_template;  // chatml | llama2 | llama3; "": the model's own
   int32_t rpc_timeout_ms = 5000;

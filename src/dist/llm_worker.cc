@@ -16,6 +16,7 @@
 #include "dist/model_identity.h"
 #include "model/loader.h"
 #include "proto/llm_worker.grpc.pb.h"
+#include "server/grpc_listen.h"
 #include "spec/token_tree.h"
 
 namespace specinfer {
@@ -87,14 +88,11 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
   }
 
   Status Listen() {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(this);
-    builder.SetMaxReceiveMessageSize(64 << 20);
-    builder.SetMaxSendMessageSize(-1);
-    server_ = builder.BuildAndStart();
-    if (!server_ || port_ == 0)
-      return UnavailableError("LLM worker cannot listen on " + options_.listen);
+    grpc::Service* const services[] = {this};
+    auto started = BindGrpcServer(services, {.address = options_.listen});
+    if (!started.ok()) return started.status().WithContext("LLM worker");
+    server_ = std::move(started->server);
+    port_ = started->port;
     address_ = HostOf(options_.listen) + ":" + std::to_string(port_);
     const ShardRange l = runner_->layers();
     spdlog::info("LLM worker (stage {}/{}, tp {}/{}, layers [{}, {})) serving on {}",

@@ -12,6 +12,7 @@
 
 #include "dist/ssm_wire.h"
 #include "proto/ssm_worker.grpc.pb.h"
+#include "spec/spec_grammar.h"
 
 namespace specinfer {
 
@@ -397,7 +398,7 @@ StatusOr<std::unique_ptr<RemoteSpeculator>> RemoteSpeculator::Connect(
     RemoteSpeculatorOptions o) {
   if (o.replicas.empty()) return InvalidArgumentError("a remote speculator needs replicas");
   if (o.vocab_size <= 0) return InvalidArgumentError("remote speculator: vocab size unknown");
-  if (!o.name.empty()) SI_RETURN_IF_ERROR(ValidateSpeculatorSpec(o.name));
+  if (!o.name.empty()) SI_RETURN_IF_ERROR(ParseDraftSpec(o.name).status());
   auto impl = std::make_unique<Impl>();
   impl->name = o.name;
   std::random_device rd;

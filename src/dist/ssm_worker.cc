@@ -12,6 +12,7 @@
 #include "dist/ssm_wire.h"
 #include "model/loader.h"
 #include "proto/ssm_worker.grpc.pb.h"
+#include "server/grpc_listen.h"
 #include "spec/speculator.h"
 
 namespace specinfer {
@@ -207,7 +208,7 @@ SsmWorkerServer::~SsmWorkerServer() { Shutdown(); }
 StatusOr<std::unique_ptr<SsmWorkerServer>> SsmWorkerServer::Start(const SsmWorkerOptions& o) {
   if (o.max_sessions < 1) return InvalidArgumentError("max_sessions must be >= 1");
   if (o.context_length < 0) return InvalidArgumentError("context length must be >= 0");
-  SI_RETURN_IF_ERROR(ValidateSpeculatorSpec(o.speculator));
+  SI_RETURN_IF_ERROR(ParseDraftSpec(o.speculator).status());
   const size_t colon = o.listen.rfind(':');
   if (colon == std::string::npos || colon == 0)
     return InvalidArgumentError("listen address '" + o.listen + "' is not host:port");
@@ -230,14 +231,11 @@ StatusOr<std::unique_ptr<SsmWorkerServer>> SsmWorkerServer::Start(const SsmWorke
   auto impl = std::make_unique<Impl>();
   impl->service = std::make_unique<SsmWorkerService>(o, shared, std::move(loaded.tokenizer),
                                                      std::move(spec));
-  grpc::ServerBuilder builder;
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(o.listen, grpc::InsecureServerCredentials(), &impl->port);
-  builder.SetMaxReceiveMessageSize(64 << 20);
-  builder.RegisterService(impl->service.get());
-  impl->server = builder.BuildAndStart();
-  if (!impl->server || impl->port == 0)
-    return UnavailableError(o.label + ": cannot bind " + o.listen);
+  grpc::Service* const services[] = {impl->service.get()};
+  auto started = BindGrpcServer(services, {.address = o.listen});
+  if (!started.ok()) return started.status().WithContext(o.label);
+  impl->server = std::move(started->server);
+  impl->port = started->port;
   impl->service->set_address(host + ":" + std::to_string(impl->port));
   spdlog::info("{}: serving speculator {} on {} ({}, up to {} sessions)",
                impl->service->name(), o.speculator, o.model_path,

@@ -116,8 +116,8 @@ StatusOr<Speculator*> Engine::AddSpeculator(const std::string& spec) {
 StatusOr<Speculator*> Engine::GetSpeculator(const std::string& spec) {
   for (const auto& s : speculators_)
     if (s->name() == spec) return s.get();
-  SI_RETURN_IF_ERROR(ValidateSpeculatorSpec(spec));
-  if (spec.starts_with("model:"))
+  SI_ASSIGN_OR_RETURN(const DraftSpec draft, ParseDraftSpec(spec));
+  if (draft.kind == DraftSpec::Kind::kModel)
     return FailedPreconditionError("draft '" + spec +
                                    "' was not loaded at start (model drafts are loaded with "
                                    "--draft when the engine starts)");

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "model/llama_weights.h"
 #include "tokenizer/bpe_tokenizer.h"
 #include "tokenizer/llama2c_tokenizer.h"
 
@@ -83,34 +84,18 @@ StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g) {
 
 StatusOr<std::unique_ptr<Model>> ModelFromGguf(GgufFile& g) {
   SI_ASSIGN_OR_RETURN(ModelConfig c, ConfigFromGguf(g));
-  const int64_t dim = c.dim, q = c.q_dim(), kv = c.kv_dim(), hidden = c.hidden_dim;
-  ModelWeights w;
-  SI_ASSIGN_OR_RETURN(w.token_embedding, g.GetWeightMatrix("token_embd.weight", c.vocab_size, dim));
-  SI_ASSIGN_OR_RETURN(w.final_norm, g.GetF32Vector("output_norm.weight", dim));
-  if (c.tied_output) {
-    w.output = w.token_embedding;
-  } else {
-    SI_ASSIGN_OR_RETURN(w.output, g.GetWeightMatrix("output.weight", c.vocab_size, dim));
-  }
-  w.layers.resize(c.n_layers);
-  for (int32_t i = 0; i < c.n_layers; ++i) {
-    LayerWeights& l = w.layers[i];
-    const std::string p = "blk." + std::to_string(i) + ".";
-    SI_ASSIGN_OR_RETURN(l.attn_norm, g.GetF32Vector(p + "attn_norm.weight", dim));
-    SI_ASSIGN_OR_RETURN(l.wq, g.GetWeightMatrix(p + "attn_q.weight", q, dim));
-    SI_ASSIGN_OR_RETURN(l.wk, g.GetWeightMatrix(p + "attn_k.weight", kv, dim));
-    SI_ASSIGN_OR_RETURN(l.wv, g.GetWeightMatrix(p + "attn_v.weight", kv, dim));
-    SI_ASSIGN_OR_RETURN(l.wo, g.GetWeightMatrix(p + "attn_output.weight", dim, q));
-    SI_ASSIGN_OR_RETURN(l.ffn_norm, g.GetF32Vector(p + "ffn_norm.weight", dim));
-    SI_ASSIGN_OR_RETURN(l.w_gate, g.GetWeightMatrix(p + "ffn_gate.weight", hidden, dim));
-    SI_ASSIGN_OR_RETURN(l.w_up, g.GetWeightMatrix(p + "ffn_up.weight", hidden, dim));
-    SI_ASSIGN_OR_RETURN(l.w_down, g.GetWeightMatrix(p + "ffn_down.weight", dim, hidden));
-    if (c.attention_bias) {
-      SI_ASSIGN_OR_RETURN(l.bq, g.GetF32Vector(p + "attn_q.bias", q));
-      SI_ASSIGN_OR_RETURN(l.bk, g.GetF32Vector(p + "attn_k.bias", kv));
-      SI_ASSIGN_OR_RETURN(l.bv, g.GetF32Vector(p + "attn_v.bias", kv));
-    }
-  }
+  // Names in LlamaTensorNames order: embedding, final norm, output, layer prefix; attention
+  // (norm, q, k, v, o, q/k/v biases); feed-forward (norm, gate, up, down).
+  constexpr LlamaTensorNames kNames{
+      "token_embd.weight", "output_norm.weight", "output.weight", "blk.",
+      "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+      "attn_output.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias",
+      "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"};
+  const LlamaTensorReaders read{
+      .matrix = [&g](const std::string& name, int64_t rows,
+                     int64_t cols) { return g.GetWeightMatrix(name, rows, cols); },
+      .vector = [&g](const std::string& name, int64_t size) { return g.GetF32Vector(name, size); }};
+  SI_ASSIGN_OR_RETURN(ModelWeights w, ReadLlamaWeights(c, kNames, read));
   auto model = std::make_unique<Model>(c, std::move(w), g.path());
   std::unique_ptr<MappedFile> file = g.ReleaseMappedFile();
   if (file == nullptr) return InternalError("GGUF '" + g.path() + "' has no mapping to keep");

@@ -6,6 +6,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "model/llama_weights.h"
 #include "model/safetensors.h"
 #include "tensor/half.h"
 
@@ -252,34 +253,19 @@ StatusOr<std::unique_ptr<Model>> ModelFromHfDirectory(const std::string& dir) {
   if (set->Find("lm_head.weight") == nullptr) c.tied_output = true;
   auto model = std::make_unique<Model>(c, ModelWeights{}, dir);
   WeightReader r(*set, *model);
-  const int64_t dim = c.dim, q = c.q_dim(), kv = c.kv_dim(), hidden = c.hidden_dim;
-  ModelWeights w;
-  SI_ASSIGN_OR_RETURN(w.token_embedding, r.Matrix("model.embed_tokens.weight", c.vocab_size, dim));
-  SI_ASSIGN_OR_RETURN(w.final_norm, r.Vector("model.norm.weight", dim));
-  if (c.tied_output) {
-    w.output = w.token_embedding;
-  } else {
-    SI_ASSIGN_OR_RETURN(w.output, r.Matrix("lm_head.weight", c.vocab_size, dim));
-  }
-  w.layers.resize(c.n_layers);
-  for (int32_t i = 0; i < c.n_layers; ++i) {
-    LayerWeights& l = w.layers[i];
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    SI_ASSIGN_OR_RETURN(l.attn_norm, r.Vector(p + "input_layernorm.weight", dim));
-    SI_ASSIGN_OR_RETURN(l.wq, r.Matrix(p + "self_attn.q_proj.weight", q, dim));
-    SI_ASSIGN_OR_RETURN(l.wk, r.Matrix(p + "self_attn.k_proj.weight", kv, dim));
-    SI_ASSIGN_OR_RETURN(l.wv, r.Matrix(p + "self_attn.v_proj.weight", kv, dim));
-    SI_ASSIGN_OR_RETURN(l.wo, r.Matrix(p + "self_attn.o_proj.weight", dim, q));
-    if (c.attention_bias) {
-      SI_ASSIGN_OR_RETURN(l.bq, r.Vector(p + "self_attn.q_proj.bias", q));
-      SI_ASSIGN_OR_RETURN(l.bk, r.Vector(p + "self_attn.k_proj.bias", kv));
-      SI_ASSIGN_OR_RETURN(l.bv, r.Vector(p + "self_attn.v_proj.bias", kv));
-    }
-    SI_ASSIGN_OR_RETURN(l.ffn_norm, r.Vector(p + "post_attention_layernorm.weight", dim));
-    SI_ASSIGN_OR_RETURN(l.w_gate, r.Matrix(p + "mlp.gate_proj.weight", hidden, dim));
-    SI_ASSIGN_OR_RETURN(l.w_up, r.Matrix(p + "mlp.up_proj.weight", hidden, dim));
-    SI_ASSIGN_OR_RETURN(l.w_down, r.Matrix(p + "mlp.down_proj.weight", dim, hidden));
-  }
+  // Names in LlamaTensorNames order: embedding, final norm, output, layer prefix; attention
+  // (norm, q, k, v, o, q/k/v biases); feed-forward (norm, gate, up, down).
+  constexpr LlamaTensorNames kNames{
+      "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", "model.layers.",
+      "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+      "self_attn.v_proj.weight", "self_attn.o_proj.weight", "self_attn.q_proj.bias",
+      "self_attn.k_proj.bias", "self_attn.v_proj.bias", "post_attention_layernorm.weight",
+      "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
+  const LlamaTensorReaders read{
+      .matrix = [&r](const std::string& name, int64_t rows,
+                     int64_t cols) { return r.Matrix(name, rows, cols); },
+      .vector = [&r](const std::string& name, int64_t size) { return r.Vector(name, size); }};
+  SI_ASSIGN_OR_RETURN(ModelWeights w, ReadLlamaWeights(c, kNames, read));
   model->set_weights(std::move(w));
   for (auto& file : set->ReleaseMappedFiles()) model->AdoptFile(std::move(file));
   return model;

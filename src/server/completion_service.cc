@@ -68,7 +68,7 @@ ApiError CompletionService::CheckParameters(const CompletionRequest& r) const {
   Status spec = ValidateSpeculation(r.speculation, engine().model().config().n_layers);
   if (!spec.ok()) return ApiError::FromStatus(spec, "speculation");
   if (r.speculation.enabled && !options_.speculation_available)
-    return ApiError::Invalid("speculation is not available in this build yet",
+    return ApiError::Invalid("speculation is not enabled on this server",
                              "speculation.enabled");
   for (const DraftSpec& d : r.speculation.drafts) {
     if (d.kind != DraftSpec::Kind::kModel) continue;

@@ -29,8 +29,9 @@ namespace specinfer {
 struct ServiceOptions {
   std::string served_model_name;
   std::string chat_template;  // default chat template override ("" = the model's own)
-  // Whether requests may enable speculation. False until the generator supports it; then
-  // SequenceJob::speculation is handed to it as is.
+  // Whether requests may enable speculation: InferenceServer turns it on (its scheduler hands
+  // SequenceJob::speculation to the engine's speculators); a service whose engine should not
+  // speculate leaves it off and refuses such requests.
   bool speculation_available = false;
   // "model:PATH" drafts loaded at start: the only model drafts a request may name.
   std::vector<std::string> model_drafts;

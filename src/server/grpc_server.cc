@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "proto/specinfer.grpc.pb.h"
+#include "server/grpc_listen.h"
 #include "server/text_output.h"
 
 namespace specinfer {
@@ -78,7 +79,7 @@ ApiError FromProto(const v1::GenerateRequest& in, CompletionRequest* out) {
     const v1::SpeculationParams& sp = in.speculation();
     out->speculation.enabled = sp.enabled();
     for (int i = 0; i < sp.draft_size(); ++i) {
-      auto d = ParseDraftSpec(sp.draft(i));
+      auto d = ParseDraftSpec(sp.draft(i), kServingLimits);
       if (!d.ok())
         return ApiError::FromStatus(d.status(), "speculation.draft[" + std::to_string(i) + "]");
       out->speculation.drafts.push_back(std::move(d).value());
@@ -232,43 +233,40 @@ class SpecInferService final : public v1::SpecInfer::Service {
   const std::string api_key_;
 };
 
-}  // namespace
+class GrpcFrontend final : public Frontend {
+ public:
+  GrpcFrontend(std::unique_ptr<SpecInferService> service, BoundGrpcServer bound)
+      : service_(std::move(service)), server_(std::move(bound.server)), port_(bound.port) {}
+  ~GrpcFrontend() override { Stop(); }
 
-struct GrpcServer::Impl {
-  std::unique_ptr<SpecInferService> service;
-  std::unique_ptr<grpc::Server> server;
-  int port = 0;
+  int port() const override { return port_; }
+  void Stop() override {
+    if (!server_) return;
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    server_->Wait();
+    server_.reset();
+  }
+
+ private:
+  std::unique_ptr<SpecInferService> service_;  // outlives server_
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
 };
 
-GrpcServer::GrpcServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+}  // namespace
 
-GrpcServer::~GrpcServer() { Stop(); }
-
-StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(CompletionService& service,
-                                                        GrpcServerOptions options) {
-  auto impl = std::make_unique<Impl>();
-  impl->service = std::make_unique<SpecInferService>(service, options.api_key);
+StatusOr<std::unique_ptr<Frontend>> StartGrpcServer(CompletionService& service,
+                                                    GrpcServerOptions options) {
+  auto rpc = std::make_unique<SpecInferService>(service, options.api_key);
   const bool ipv6 = options.host.find(':') != std::string::npos;
   const std::string address =
       (ipv6 ? "[" + options.host + "]" : options.host) + ":" + std::to_string(options.port);
-  grpc::ServerBuilder builder;
-  // gRPC sets SO_REUSEPORT by default, which would let a second daemon share the port silently.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &impl->port);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
-  builder.RegisterService(impl->service.get());
-  impl->server = builder.BuildAndStart();
-  if (!impl->server || impl->port == 0) return UnavailableError("cannot bind gRPC " + address);
-  return std::unique_ptr<GrpcServer>(new GrpcServer(std::move(impl)));
-}
-
-int GrpcServer::port() const { return impl_->port; }
-
-void GrpcServer::Stop() {
-  if (!impl_ || !impl_->server) return;
-  impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  impl_->server->Wait();
-  impl_->server.reset();
+  grpc::Service* const services[] = {rpc.get()};
+  GrpcListenOptions listen{.address = address};
+  listen.max_receive_bytes = static_cast<int64_t>(options.max_message_bytes);
+  auto bound = BindGrpcServer(services, listen);
+  if (!bound.ok()) return bound.status().WithContext("gRPC");
+  return std::unique_ptr<Frontend>(new GrpcFrontend(std::move(rpc), std::move(*bound)));
 }
 
 }  // namespace specinfer

@@ -7,7 +7,7 @@
 //
 // The generated protobuf/gRPC headers are included by grpc_server.cc only.
 //
-// Thread safety: Start/port/Stop from one controlling thread; RPCs run on gRPC's threads.
+// Thread safety: see server/frontend.h; RPCs run on gRPC's threads.
 #pragma once
 
 #include <cstddef>
@@ -15,34 +15,21 @@
 #include <string>
 
 #include "server/completion_service.h"
+#include "server/frontend.h"
 #include "specinfer/status.h"
 
 namespace specinfer {
 
 struct GrpcServerOptions {
   std::string host = "127.0.0.1";
-  int port = 50051;     // 0: an ephemeral port (see GrpcServer::port)
+  int port = 50051;     // 0: an ephemeral port (see Frontend::port)
   std::string api_key;  // non-empty: metadata "authorization: Bearer KEY" required
   size_t max_message_bytes = 4u << 20;
 };
 
-class GrpcServer {
- public:
-  // Binds and starts serving. Unavailable if the address cannot be bound.
-  static StatusOr<std::unique_ptr<GrpcServer>> Start(CompletionService& service,
-                                                     GrpcServerOptions options);
-  ~GrpcServer();  // Stop()
-
-  int port() const;
-  // Stops accepting and waits for running RPCs (their streams must end: shut the scheduler down
-  // first, or they are cancelled after a short grace period).
-  void Stop();
-
-  struct Impl;
-
- private:
-  explicit GrpcServer(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
-};
+// Binds and starts serving. Unavailable if the address cannot be bound. `service` must outlive
+// the returned frontend.
+StatusOr<std::unique_ptr<Frontend>> StartGrpcServer(CompletionService& service,
+                                                    GrpcServerOptions options);
 
 }  // namespace specinfer

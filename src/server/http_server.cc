@@ -74,24 +74,30 @@ class GatewayServer : public httplib::Server {
   bool DeepenBacklog(int backlog) { return ::listen(svr_sock_, backlog) == 0; }
 };
 
-}  // namespace
-
-struct HttpServer::Impl {
+// The gateway: routes, handlers and the thread that runs httplib's accept loop.
+struct HttpFrontend final : public Frontend {
   CompletionService& service;
   HttpServerOptions options;
   GatewayServer server;
   std::thread listener;
   std::atomic<bool> listener_done{false};
-  int port = 0;
+  int bound_port = 0;
   const int64_t created = UnixNow();
 
-  Impl(CompletionService& s, HttpServerOptions o) : service(s), options(std::move(o)) {}
+  HttpFrontend(CompletionService& s, HttpServerOptions o) : service(s), options(std::move(o)) {}
+  ~HttpFrontend() override { Stop(); }
+
+  int port() const override { return bound_port; }
+  void Stop() override {
+    server.stop();
+    if (listener.joinable()) listener.join();
+  }
 
   void Routes();
   void HandleCompletion(OpenAiEndpoint endpoint, const std::string& body, httplib::Response& res);
 };
 
-void HttpServer::Impl::Routes() {
+void HttpFrontend::Routes() {
   httplib::Server& svr = server;
   const int threads =
       options.threads > 0 ? options.threads : service.scheduler().options().max_queue + 16;
@@ -221,7 +227,7 @@ void HttpServer::Impl::Routes() {
   });
 }
 
-void HttpServer::Impl::HandleCompletion(OpenAiEndpoint endpoint, const std::string& body,
+void HttpFrontend::HandleCompletion(OpenAiEndpoint endpoint, const std::string& body,
                                         httplib::Response& res) {
   CompletionRequest request;
   if (ApiError e = ParseOpenAiRequest(endpoint, body, &request); !e.ok()) return ReplyError(res, e);
@@ -328,30 +334,28 @@ void HttpServer::Impl::HandleCompletion(OpenAiEndpoint endpoint, const std::stri
       [service_ptr, stream](bool) { service_ptr->Cancel(stream); });
 }
 
-HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+}  // namespace
 
-HttpServer::~HttpServer() { Stop(); }
-
-StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(CompletionService& service,
-                                                        HttpServerOptions options) {
+StatusOr<std::unique_ptr<Frontend>> StartHttpServer(CompletionService& service,
+                                                    HttpServerOptions options) {
   // A write to a socket the peer closed must fail with EPIPE, not kill the daemon.
   std::signal(SIGPIPE, SIG_IGN);
-  auto impl = std::make_unique<Impl>(service, std::move(options));
+  auto impl = std::make_unique<HttpFrontend>(service, std::move(options));
   impl->Routes();
   const std::string& host = impl->options.host;
   if (impl->options.port == 0) {
-    impl->port = impl->server.bind_to_any_port(host);
-    if (impl->port <= 0) return UnavailableError("cannot bind an HTTP port on " + host);
+    impl->bound_port = impl->server.bind_to_any_port(host);
+    if (impl->bound_port <= 0) return UnavailableError("cannot bind an HTTP port on " + host);
   } else {
     if (!impl->server.bind_to_port(host, impl->options.port))
       return UnavailableError("cannot bind HTTP " + host + ":" +
                               std::to_string(impl->options.port));
-    impl->port = impl->options.port;
+    impl->bound_port = impl->options.port;
   }
   if (!impl->server.DeepenBacklog(SOMAXCONN))
     spdlog::warn("could not deepen the HTTP listen backlog; bursts of connections may stall");
   // The socket listens already; connections wait in the backlog until the loop runs.
-  Impl* raw = impl.get();
+  HttpFrontend* raw = impl.get();
   impl->listener = std::thread([raw] {
     raw->server.listen_after_bind();
     raw->listener_done = true;
@@ -363,15 +367,7 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(CompletionService& servi
     impl->listener.join();
     return UnavailableError("the HTTP server failed to start on " + host);
   }
-  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
-}
-
-int HttpServer::port() const { return impl_->port; }
-
-void HttpServer::Stop() {
-  if (!impl_) return;
-  impl_->server.stop();
-  if (impl_->listener.joinable()) impl_->listener.join();
+  return std::unique_ptr<Frontend>(std::move(impl));
 }
 
 }  // namespace specinfer

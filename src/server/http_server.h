@@ -24,8 +24,7 @@
 //
 // httplib.h is included by http_server.cc only.
 //
-// Thread safety: Start/port/Stop from one controlling thread; requests run on the server's own
-// thread pool.
+// Thread safety: see server/frontend.h; requests run on the server's own thread pool.
 #pragma once
 
 #include <cstddef>
@@ -33,13 +32,14 @@
 #include <string>
 
 #include "server/completion_service.h"
+#include "server/frontend.h"
 #include "specinfer/status.h"
 
 namespace specinfer {
 
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8000;      // 0: an ephemeral port (see HttpServer::port)
+  int port = 8000;      // 0: an ephemeral port (see Frontend::port)
   std::string api_key;  // non-empty: required on /v1/ paths
   size_t max_body_bytes = 4u << 20;
   // Handler threads. A streaming response occupies one for its whole duration, so there should be
@@ -48,23 +48,9 @@ struct HttpServerOptions {
   int threads = 0;
 };
 
-class HttpServer {
- public:
-  // Binds and starts serving in the background. Unavailable if the address cannot be bound.
-  static StatusOr<std::unique_ptr<HttpServer>> Start(CompletionService& service,
-                                                     HttpServerOptions options);
-  ~HttpServer();  // Stop()
-
-  int port() const;
-  // Stops accepting and waits for running handlers (their streams must end: shut the scheduler
-  // down first).
-  void Stop();
-
-  struct Impl;
-
- private:
-  explicit HttpServer(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
-};
+// Binds and starts serving in the background. Unavailable if the address cannot be bound.
+// `service` must outlive the returned frontend.
+StatusOr<std::unique_ptr<Frontend>> StartHttpServer(CompletionService& service,
+                                                    HttpServerOptions options);
 
 }  // namespace specinfer

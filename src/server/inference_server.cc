@@ -54,9 +54,9 @@ StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(std::unique_pt
     if (sp->name().starts_with("model:")) so.model_drafts.push_back(sp->name());
   s->service_ = std::make_unique<CompletionService>(*s->scheduler_, *s->metrics_, so);
   options.grpc.max_message_bytes = options.http.max_body_bytes;
-  SI_ASSIGN_OR_RETURN(s->http_, HttpServer::Start(*s->service_, options.http));
+  SI_ASSIGN_OR_RETURN(s->http_, StartHttpServer(*s->service_, options.http));
   if (options.enable_grpc) {
-    SI_ASSIGN_OR_RETURN(s->grpc_, GrpcServer::Start(*s->service_, options.grpc));
+    SI_ASSIGN_OR_RETURN(s->grpc_, StartGrpcServer(*s->service_, options.grpc));
   }
   return s;
 }

@@ -56,8 +56,8 @@ class InferenceServer {
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<CompletionService> service_;
-  std::unique_ptr<HttpServer> http_;
-  std::unique_ptr<GrpcServer> grpc_;
+  std::unique_ptr<Frontend> http_;  // StartHttpServer
+  std::unique_ptr<Frontend> grpc_;  // StartGrpcServer; null when gRPC is disabled
 };
 
 // The default served model name for a model path: the file's stem ("SmolLM2-135M-Instruct.Q4_1"

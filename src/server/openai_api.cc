@@ -282,7 +282,7 @@ ApiError ParseSpeculation(const json& body, SpeculationRequest* out) {
     for (size_t i = 0; i < d->size(); ++i) {
       const std::string param = "speculation.draft[" + std::to_string(i) + "]";
       if (!(*d)[i].is_string()) return WrongType(param, "a string", (*d)[i]);
-      auto spec = ParseDraftSpec((*d)[i].get<std::string>());
+      auto spec = ParseDraftSpec((*d)[i].get<std::string>(), kServingLimits);
       if (!spec.ok()) return ApiError::FromStatus(spec.status(), param);
       out->drafts.push_back(std::move(spec).value());
     }

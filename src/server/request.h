@@ -67,7 +67,7 @@ struct SequenceJob {
   GenerateRequest generate;  // prompt ids, max new tokens, sampling with its seed, stop ids
   std::vector<std::string> stop_strings;
   int32_t top_logprobs = -1;       // -1: no logprobs
-  SpeculationRequest speculation;  // validated; never enabled until the generator supports it
+  SpeculationRequest speculation;  // validated (serving limits); the scheduler applies defaults
 };
 
 // What the scheduler reports about a request's sequences, in order per sequence: zero or more

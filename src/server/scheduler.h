@@ -88,7 +88,7 @@ struct SchedulerOptions {
   // max_sequences (its draft models keep KV for that many).
   BatchOptions batch;
   // Token-tree shape for requests that enable speculation without giving one.
-  TreeShape default_tree = TreeShape{{1, 1, 3, 1, 1, 1, 1, 1}};
+  TreeShape default_tree = TreeShape::Default();
   // Speculators for requests that enable speculation without naming any (spec strings).
   std::vector<std::string> default_drafts = {"ngram"};
 };

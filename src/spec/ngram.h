@@ -10,9 +10,6 @@
 
 namespace specinfer {
 
-inline constexpr int32_t kDefaultMaxNgram = 3;
-inline constexpr int32_t kMaxNgram = 16;
-
 // A tree rooted at tokens.back() from the continuations of earlier occurrences of the last
 // n tokens (n from max_ngram down to 1; longer matches first, then the most recent first).
 // Each continuation is inserted as a chain of deterministic proposals by `speculator`; a node at

@@ -1,13 +1,13 @@
 #include "spec/speculator.h"
 
 #include <algorithm>
-#include <charconv>
 #include <numeric>
 
 #include "backend/registry.h"
 #include "kv/kv_cache.h"
 #include "model/loader.h"
 #include "spec/ngram.h"
+#include "spec/spec_grammar.h"
 
 namespace specinfer {
 
@@ -174,50 +174,6 @@ class NgramSpeculator final : public Speculator {
   int32_t max_ngram_;
 };
 
-// ---------------------------------------------------------------------------------------------
-// Spec strings.
-
-struct ParsedSpec {
-  std::string kind;  // "model", "layers", "ngram"
-  std::string arg;   // PATH, K, N ("" if absent)
-  int32_t number = 0;
-};
-
-StatusOr<int32_t> ParsePositive(std::string_view spec, std::string_view text) {
-  int32_t v = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || end != text.data() + text.size() || v <= 0)
-    return InvalidArgumentError("draft '" + std::string(spec) + "': '" + std::string(text) +
-                                "' is not a positive integer");
-  return v;
-}
-
-StatusOr<ParsedSpec> ParseSpec(std::string_view spec) {
-  ParsedSpec p;
-  const size_t colon = spec.find(':');
-  p.kind = std::string(spec.substr(0, colon));
-  if (colon != std::string_view::npos) p.arg = std::string(spec.substr(colon + 1));
-  if (p.kind == "model") {
-    if (p.arg.empty()) return InvalidArgumentError("draft 'model:PATH' needs a path");
-  } else if (p.kind == "layers") {
-    if (colon == std::string_view::npos)
-      return InvalidArgumentError("draft 'layers:K' needs a layer count");
-    SI_ASSIGN_OR_RETURN(p.number, ParsePositive(spec, p.arg));
-  } else if (p.kind == "ngram") {
-    p.number = kDefaultMaxNgram;
-    if (colon != std::string_view::npos) {
-      SI_ASSIGN_OR_RETURN(p.number, ParsePositive(spec, p.arg));
-      if (p.number > kMaxNgram)
-        return InvalidArgumentError("draft '" + std::string(spec) + "': n-gram length above " +
-                                    std::to_string(kMaxNgram));
-    }
-  } else {
-    return InvalidArgumentError("unknown draft '" + std::string(spec) +
-                                "' (expected model:PATH, layers:K or ngram[:N])");
-  }
-  return p;
-}
-
 StatusOr<std::unique_ptr<Speculator>> CreateModelSpeculator(std::string name,
                                                             std::shared_ptr<const Model> model,
                                                             const SpeculatorOptions& o) {
@@ -260,23 +216,17 @@ void ProposeChildren(TokenTree& tree, int32_t node, std::span<const float> logit
   for (int32_t x : draws) tree.Propose(node, x, speculator, dist);
 }
 
-Status ValidateSpeculatorSpec(std::string_view spec) { return ParseSpec(spec).status(); }
-
 StatusOr<std::unique_ptr<Speculator>> CreateSpeculator(std::string_view spec,
                                                        std::shared_ptr<const Model> llm,
                                                        const SpeculatorOptions& o) {
-  SI_ASSIGN_OR_RETURN(ParsedSpec p, ParseSpec(spec));
+  SI_ASSIGN_OR_RETURN(const DraftSpec d, ParseDraftSpec(spec));
   const ModelConfig& lc = llm->config();
-  if (p.kind == "ngram") {
-    return std::unique_ptr<Speculator>(new NgramSpeculator(std::string(spec), p.number));
+  if (d.kind == DraftSpec::Kind::kNgram) {
+    return std::unique_ptr<Speculator>(new NgramSpeculator(std::string(spec), d.ngram()));
   }
-  if (p.kind == "layers") {
-    if (p.number >= lc.n_layers)
-      return InvalidArgumentError("draft '" + std::string(spec) + "': the model has " +
-                                  std::to_string(lc.n_layers) +
-                                  " layers; a self-speculative draft takes 1 to " +
-                                  std::to_string(lc.n_layers - 1));
-    return CreateModelSpeculator(std::string(spec), Model::FirstLayers(llm, p.number), o);
+  if (d.kind == DraftSpec::Kind::kLayers) {
+    SI_RETURN_IF_ERROR(CheckDraftFitsModel(d, lc.n_layers));
+    return CreateModelSpeculator(std::string(spec), Model::FirstLayers(llm, d.n), o);
   }
   // model:PATH. Its tokenizer is optional: a llama2.c draft may have no tokenizer.bin beside it.
   // The draft serves the LLM's context (a shorter own context limits how far it can guess).
@@ -284,7 +234,7 @@ StatusOr<std::unique_ptr<Speculator>> CreateSpeculator(std::string_view spec,
   lo.tokenizer_optional = true;
   lo.context_length = lc.max_seq_len;
   lo.prefault = true;
-  SI_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelForServing(p.arg, lo));
+  SI_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelForServing(d.model_path, lo));
   std::unique_ptr<Model> draft = std::move(loaded.model);
   std::unique_ptr<Tokenizer> draft_tokenizer = std::move(loaded.tokenizer);
   const ModelConfig& dc = draft->config();

@@ -1,7 +1,8 @@
 // Speculators (SpecInfer's SSMs): whatever proposes a token tree for a sequence.
 //
 // A Speculator is shared by every request that uses it (a draft model, its runner and KV cache);
-// a DraftSession is one sequence's state in it. Kinds, named by spec strings:
+// a DraftSession is one sequence's state in it. Kinds, named by spec strings (their grammar and
+// limits: spec/spec_grammar.h):
 //   model:PATH   a separate model that shares the LLM's vocabulary;
 //   layers:K     the LLM's own first K layers with its final norm and output matrix (the
 //                self-speculative draft: no second model, shares the LLM's weights);
@@ -77,7 +78,8 @@ struct SpeculatorOptions {
   const Tokenizer* llm_tokenizer = nullptr;
 };
 
-// Creates a speculator for the LLM `llm` from a spec string (see the file comment).
+// Creates a speculator for the LLM `llm` from a spec string (see the file comment), parsed by
+// ParseDraftSpec under the engine's limits; its name() is `spec` as given.
 // InvalidArgument for a malformed spec, a layer count outside [1, llm layers), a draft model
 // whose vocabulary differs from the LLM's; load errors of a draft model and the backend's
 // errors (backend/registry.h: unknown name, no device) pass through.
@@ -90,8 +92,5 @@ StatusOr<std::unique_ptr<Speculator>> CreateSpeculator(std::string_view spec,
 // draws from q = ComputeProbs(logits, sampling), with q stored in the tree for the verifier.
 void ProposeChildren(TokenTree& tree, int32_t node, std::span<const float> logits, int32_t k,
                      const SamplingParams& sampling, Rng& rng, int32_t speculator);
-
-// Checks a spec string's syntax without loading anything (for request validation).
-Status ValidateSpeculatorSpec(std::string_view spec);
 
 }  // namespace specinfer

@@ -1,72 +1,9 @@
 #include "spec/token_tree.h"
 
-#include <charconv>
+#include <algorithm>
 #include <functional>
 
 namespace specinfer {
-
-int64_t TreeShape::MaxNodes() const {
-  int64_t total = 0, level = 1;
-  for (int32_t w : widths) {
-    level *= std::max(w, 0);
-    total += level;
-    if (total > (int64_t{1} << 40)) break;  // far past any limit; avoid overflow
-  }
-  return total;
-}
-
-Status TreeShape::Validate() const {
-  if (widths.empty()) return InvalidArgumentError("tree shape is empty (give widths like 1,1,3,1)");
-  if (depth() > kMaxDepth)
-    return InvalidArgumentError("tree depth " + std::to_string(depth()) + " exceeds " +
-                                std::to_string(kMaxDepth));
-  for (int32_t w : widths)
-    if (w < 1 || w > kMaxWidth)
-      return InvalidArgumentError("tree width " + std::to_string(w) + " outside [1, " +
-                                  std::to_string(kMaxWidth) + "]");
-  if (MaxNodes() > kMaxNodes)
-    return InvalidArgumentError("tree shape " + ToString() + " holds " +
-                                std::to_string(MaxNodes()) + " nodes, more than " +
-                                std::to_string(kMaxNodes));
-  return Status::Ok();
-}
-
-std::string TreeShape::ToString() const {
-  std::string s;
-  for (size_t i = 0; i < widths.size(); ++i) s += (i ? "," : "") + std::to_string(widths[i]);
-  return s;
-}
-
-StatusOr<TreeShape> TreeShape::Parse(std::string_view text) {
-  TreeShape shape;
-  size_t i = 0;
-  auto skip_spaces = [&] {
-    while (i < text.size() && text[i] == ' ') ++i;
-  };
-  skip_spaces();
-  while (i < text.size()) {
-    int32_t w = 0;
-    auto [end, ec] = std::from_chars(text.data() + i, text.data() + text.size(), w);
-    if (ec != std::errc() || end == text.data() + i)
-      return InvalidArgumentError("tree shape '" + std::string(text) +
-                                  "': expected comma-separated widths like 1,1,3,1");
-    shape.widths.push_back(w);
-    if (shape.widths.size() > static_cast<size_t>(kMaxDepth)) break;  // Validate reports it
-    i = static_cast<size_t>(end - text.data());
-    skip_spaces();
-    if (i < text.size()) {
-      if (text[i] != ',')
-        return InvalidArgumentError("tree shape '" + std::string(text) +
-                                    "': expected comma-separated widths like 1,1,3,1");
-      ++i;
-      skip_spaces();
-      if (i == text.size())
-        return InvalidArgumentError("tree shape '" + std::string(text) + "' ends with a comma");
-    }
-  }
-  SI_RETURN_IF_ERROR(shape.Validate());
-  return shape;
-}
 
 TokenTree::TokenTree(int32_t root_token) {
   TreeNode root;

@@ -20,32 +20,10 @@
 #include <string>
 #include <vector>
 
+#include "spec/spec_grammar.h"  // TreeShape
 #include "specinfer/status.h"
 
 namespace specinfer {
-
-// Static expansion configuration <k1, ..., km>: at step i every frontier node gets (up to) k_i
-// children. Depth m is the longest sequence a speculator may guess.
-struct TreeShape {
-  std::vector<int32_t> widths;
-
-  static constexpr int32_t kMaxWidth = 16;
-  static constexpr int32_t kMaxDepth = 32;
-  static constexpr int64_t kMaxNodes = 512;
-
-  int32_t depth() const { return static_cast<int32_t>(widths.size()); }
-  // Nodes a full expansion of this shape holds, root excluded (sum of the prefix products).
-  int64_t MaxNodes() const;
-  // InvalidArgument for an empty shape, widths outside [1, kMaxWidth], depth over kMaxDepth or
-  // more than kMaxNodes nodes.
-  Status Validate() const;
-  std::string ToString() const;  // "1,1,3,1"
-
-  // Parses "1,1,3,1" (commas, optional spaces) and validates it.
-  static StatusOr<TreeShape> Parse(std::string_view text);
-  // The shape of a single chain of `depth` tokens.
-  static TreeShape Chain(int32_t depth) { return TreeShape{std::vector<int32_t>(depth, 1)}; }
-};
 
 // KV blocks of `block_size` positions one sequence may need: a full `context` plus the largest
 // token tree a pass appends after it. Sizes the LLM's cache and every model draft's.
@@ -71,7 +49,9 @@ struct TreeNode {
 
 class TokenTree {
  public:
-  static constexpr int32_t kMaxSpeculators = 64;  // bits of TreeNode::proposers
+  // Speculators one tree records (bits of TreeNode::proposers): the engine's draft limit.
+  static constexpr int32_t kMaxSpeculators = kEngineLimits.max_drafts;
+  static_assert(kMaxSpeculators <= 64);
 
   explicit TokenTree(int32_t root_token);
 

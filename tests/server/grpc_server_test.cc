@@ -11,8 +11,8 @@
 
 #include "proto/specinfer.grpc.pb.h"
 #include "server/inference_server.h"
+#include "server/sse_client.h"
 #include "server_test_util.h"
-#include "sse_client.h"
 
 namespace specinfer {
 namespace {
@@ -103,8 +103,8 @@ TEST_F(GrpcServerTest, StreamingGenerateMatchesTheHttpGateway) {
   // The same request through the OpenAI gateway gives the same text.
   nlohmann::json http_req = {
       {"prompt", "Once upon a time"}, {"temperature", 0.8}, {"seed", 99}, {"max_tokens", 60}};
-  testing::HttpReply r =
-      testing::Post("127.0.0.1", server_->http_port(), "/v1/completions", http_req.dump());
+  SseReply r =
+      PostSse("127.0.0.1", server_->http_port(), "/v1/completions", http_req.dump());
   ASSERT_EQ(r.status, 200) << r.body;
   nlohmann::json j = nlohmann::json::parse(r.body);
   EXPECT_EQ(g.text[0], j["choices"][0]["text"].get<std::string>());

@@ -3,13 +3,14 @@
 #include "server/http_server.h"
 
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "server/inference_server.h"
+#include "server/sse_client.h"
 #include "server_test_util.h"
-#include "sse_client.h"
 
 namespace specinfer {
 namespace {
@@ -41,11 +42,11 @@ class HttpServerTest : public ::testing::Test {
   }
   void SetUp() override { ASSERT_NE(server_, nullptr); }
 
-  static testing::HttpReply Post(const std::string& path, const json& body, int stop_after = 0) {
-    return testing::Post("127.0.0.1", server_->http_port(), path, body.dump(), stop_after);
+  static SseReply Post(const std::string& path, const json& body, int stop_after = 0) {
+    return PostSse("127.0.0.1", server_->http_port(), path, body.dump(), stop_after);
   }
-  static testing::HttpReply PostRaw(const std::string& path, const std::string& body) {
-    return testing::Post("127.0.0.1", server_->http_port(), path, body);
+  static SseReply PostRaw(const std::string& path, const std::string& body) {
+    return PostSse("127.0.0.1", server_->http_port(), path, body);
   }
   static httplib::Result Get(const std::string& path) {
     httplib::Client cli("127.0.0.1", server_->http_port());
@@ -72,7 +73,7 @@ struct StreamedChoices {
   std::map<int, int> logprob_tokens;
   json usage;
 };
-StreamedChoices ParseStream(const testing::HttpReply& r, bool chat) {
+StreamedChoices ParseStream(const SseReply& r, bool chat) {
   StreamedChoices out;
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_FALSE(r.events.empty());
@@ -135,7 +136,7 @@ TEST_F(HttpServerTest, CompletionStreamEqualsNonStream) {
               {"max_tokens", 60},
               {"temperature", 0.9},
               {"seed", 1234}};
-  testing::HttpReply whole = Post("/v1/completions", req);
+  SseReply whole = Post("/v1/completions", req);
   ASSERT_EQ(whole.status, 200) << whole.body;
   json j = json::parse(whole.body);
   EXPECT_EQ(j["object"], "text_completion");
@@ -148,7 +149,7 @@ TEST_F(HttpServerTest, CompletionStreamEqualsNonStream) {
 
   req["stream"] = true;
   req["stream_options"] = {{"include_usage", true}};
-  testing::HttpReply stream = Post("/v1/completions", req);
+  SseReply stream = Post("/v1/completions", req);
   StreamedChoices s = ParseStream(stream, false);
   EXPECT_EQ(s.text[0], text);
   EXPECT_EQ(s.finish[0], j["choices"][0]["finish_reason"]);
@@ -162,7 +163,7 @@ TEST_F(HttpServerTest, SpeculativeRequestsGiveTheSameGreedyTextAndCountAcceptedT
   json req = {{"prompt", "Lily and Ben went to the park. Lily and Ben"},
               {"max_tokens", 80},
               {"temperature", 0}};
-  testing::HttpReply plain = Post("/v1/completions", req);
+  SseReply plain = Post("/v1/completions", req);
   ASSERT_EQ(plain.status, 200) << plain.body;
   const std::string want = json::parse(plain.body)["choices"][0]["text"];
   for (const json& spec :
@@ -170,7 +171,7 @@ TEST_F(HttpServerTest, SpeculativeRequestsGiveTheSameGreedyTextAndCountAcceptedT
         json{{"enabled", true}, {"draft", {"ngram:2", "layers:3"}}, {"tree", {2, 1, 1}}}}) {
     json r = req;
     r["speculation"] = spec;
-    testing::HttpReply whole = Post("/v1/completions", r);
+    SseReply whole = Post("/v1/completions", r);
     ASSERT_EQ(whole.status, 200) << whole.body;
     EXPECT_EQ(json::parse(whole.body)["choices"][0]["text"], want) << spec.dump();
     r["stream"] = true;
@@ -192,7 +193,7 @@ TEST_F(HttpServerTest, ChatStreamEqualsNonStream) {
                 {{"role", "user"}, {"content", "Tell me about a cat."}}}},
               {"max_completion_tokens", 50},
               {"temperature", 0}};
-  testing::HttpReply whole = Post("/v1/chat/completions", req);
+  SseReply whole = Post("/v1/chat/completions", req);
   ASSERT_EQ(whole.status, 200) << whole.body;
   json j = json::parse(whole.body);
   EXPECT_EQ(j["object"], "chat.completion");
@@ -201,7 +202,7 @@ TEST_F(HttpServerTest, ChatStreamEqualsNonStream) {
   EXPECT_FALSE(text.empty());
 
   req["stream"] = true;
-  testing::HttpReply stream = Post("/v1/chat/completions", req);
+  SseReply stream = Post("/v1/chat/completions", req);
   StreamedChoices s = ParseStream(stream, true);
   EXPECT_EQ(s.text[0], text);
   EXPECT_EQ(s.finish[0], j["choices"][0]["finish_reason"]);
@@ -217,7 +218,7 @@ TEST_F(HttpServerTest, SeveralChoicesStopStringsAndLogprobs) {
               {"seed", 7},
               {"stop", {"."}},
               {"logprobs", 2}};
-  testing::HttpReply whole = Post("/v1/completions", req);
+  SseReply whole = Post("/v1/completions", req);
   ASSERT_EQ(whole.status, 200) << whole.body;
   json j = json::parse(whole.body);
   ASSERT_EQ(j["choices"].size(), 4u);
@@ -246,7 +247,7 @@ TEST_F(HttpServerTest, SeveralChoicesStopStringsAndLogprobs) {
                  {"temperature", 1.0},
                  {"seed", 8},
                  {"stop", {"."}}};
-  testing::HttpReply r = Post("/v1/completions", single);
+  SseReply r = Post("/v1/completions", single);
   ASSERT_EQ(r.status, 200);
   EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], j["choices"][3]["text"]);
 }
@@ -289,7 +290,7 @@ TEST_F(HttpServerTest, BadRequestsGetOpenAiErrors) {
       {"/v1/nothing", ok, 404, ""},
   };
   for (const Case& c : cases) {
-    testing::HttpReply r = PostRaw(c.path, c.body);
+    SseReply r = PostRaw(c.path, c.body);
     EXPECT_EQ(r.status, c.status) << c.body.substr(0, 200) << " -> " << r.body;
     json j = json::parse(r.body, nullptr, false);
     ASSERT_TRUE(j.is_object() && j.contains("error")) << r.body;
@@ -303,7 +304,7 @@ TEST_F(HttpServerTest, BadRequestsGetOpenAiErrors) {
           << c.body.substr(0, 200);
     }
     // The daemon still serves a good request after each bad one.
-    testing::HttpReply good = PostRaw("/v1/completions", ok);
+    SseReply good = PostRaw("/v1/completions", ok);
     EXPECT_EQ(good.status, 200) << good.body;
   }
   httplib::Client cli("127.0.0.1", server_->http_port());
@@ -333,7 +334,7 @@ TEST_F(HttpServerTest, DisconnectingMidStreamCancelsAndFreesKv) {
   const std::string before = metrics();
   json req = {
       {"prompt", "Once upon a time"}, {"max_tokens", 450}, {"ignore_eos", true}, {"stream", true}};
-  testing::HttpReply r = Post("/v1/completions", req, /*stop_after=*/3);
+  SseReply r = Post("/v1/completions", req, /*stop_after=*/3);
   EXPECT_TRUE(r.aborted);
   EXPECT_EQ(r.status, 200);
   WaitIdle();
@@ -347,7 +348,7 @@ TEST_F(HttpServerTest, DisconnectingMidStreamCancelsAndFreesKv) {
   EXPECT_GT(MetricValue(after, "specinfer_kv_blocks_total"), 0);
   EXPECT_EQ(server_->scheduler().gauges().kv_blocks_used, 0);
   // And the daemon serves the next request.
-  testing::HttpReply next = Post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 3}});
+  SseReply next = Post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 3}});
   EXPECT_EQ(next.status, 200);
 }
 
@@ -375,7 +376,7 @@ TEST(HttpServerSlowModel, LongNonStreamingRequestsAndClientsThatLeave) {
     json req = {{"prompt", "Once upon a time"}, {"max_tokens", 400}, {"ignore_eos", true},
                 {"temperature", 0}};
     const auto t0 = std::chrono::steady_clock::now();
-    testing::HttpReply r = testing::Post("127.0.0.1", port, "/v1/completions", req.dump());
+    SseReply r = PostSse("127.0.0.1", port, "/v1/completions", req.dump());
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ASSERT_EQ(r.status, 200) << r.body;
@@ -429,16 +430,16 @@ TEST(HttpServerLimits, QueueFullIs503) {
   // Long sequences (450 tokens, no EOS): two from one request, then one more: one runs, two wait.
   auto long_request = [port](int n) {
     json req = {{"prompt", "Once"}, {"n", n}, {"max_tokens", 450}, {"ignore_eos", true}};
-    testing::HttpReply r = testing::Post("127.0.0.1", port, "/v1/completions", req.dump());
+    SseReply r = PostSse("127.0.0.1", port, "/v1/completions", req.dump());
     EXPECT_EQ(r.status, 200) << r.body;
   };
   std::thread first(long_request, 2);
   const bool one_waiting = wait_for(1, 1);
   std::thread second(long_request, 1);
   const bool full = one_waiting && wait_for(1, 2);
-  testing::HttpReply r;
+  SseReply r;
   if (full)
-    r = testing::Post("127.0.0.1", port, "/v1/completions", R"({"prompt":"x","max_tokens":1})");
+    r = PostSse("127.0.0.1", port, "/v1/completions", R"({"prompt":"x","max_tokens":1})");
   first.join();
   second.join();
   ASSERT_TRUE(full);
@@ -447,7 +448,7 @@ TEST(HttpServerLimits, QueueFullIs503) {
   EXPECT_EQ(e["error"]["code"], "server_busy");
   EXPECT_EQ(e["error"]["type"], "server_error");
   // Served again once the queue drained.
-  r = testing::Post("127.0.0.1", port, "/v1/completions", R"({"prompt":"x","max_tokens":1})");
+  r = PostSse("127.0.0.1", port, "/v1/completions", R"({"prompt":"x","max_tokens":1})");
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(server->metrics().requests("/v1/completions", "503"), 1);
 }
@@ -459,16 +460,16 @@ TEST(HttpServerLimits, ApiKey) {
   ASSERT_TRUE(server);
   const int port = server->http_port();
   const std::string body = R"({"prompt":"hi","max_tokens":2})";
-  testing::HttpReply none = testing::Post("127.0.0.1", port, "/v1/completions", body);
+  SseReply none = PostSse("127.0.0.1", port, "/v1/completions", body);
   EXPECT_EQ(none.status, 401);
   EXPECT_EQ(json::parse(none.body)["error"]["code"], "invalid_api_key");
-  testing::HttpReply wrong = testing::Post("127.0.0.1", port, "/v1/completions", body, 0,
+  SseReply wrong = PostSse("127.0.0.1", port, "/v1/completions", body, 0,
                                            {{"Authorization", "Bearer sk-test-12"}});
   EXPECT_EQ(wrong.status, 401);
-  testing::HttpReply basic = testing::Post("127.0.0.1", port, "/v1/completions", body, 0,
+  SseReply basic = PostSse("127.0.0.1", port, "/v1/completions", body, 0,
                                            {{"Authorization", "sk-test-123"}});
   EXPECT_EQ(basic.status, 401);
-  testing::HttpReply right = testing::Post("127.0.0.1", port, "/v1/completions", body, 0,
+  SseReply right = PostSse("127.0.0.1", port, "/v1/completions", body, 0,
                                            {{"Authorization", "Bearer sk-test-123"}});
   EXPECT_EQ(right.status, 200) << right.body;
   httplib::Client cli("127.0.0.1", port);

@@ -476,7 +476,7 @@ TEST_F(CompletionServiceTest, RefusesWhatTheModelCannotServe) {
   CompletionRequest r = Text("Hello");
   r.speculation.enabled = true;
   PreparedRequest p;
-  EXPECT_EQ(service_->Prepare(r, &p).message, "speculation is not available in this build yet");
+  EXPECT_EQ(service_->Prepare(r, &p).message, "speculation is not enabled on this server");
   // Exactly filling the context is fine.
   r = Text("");
   r.max_tokens = 511;  // BOS + 511

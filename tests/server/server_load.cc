@@ -48,7 +48,7 @@ struct ClientResult {
   double per_token = -1;  // mean seconds between text chunks after the first
 };
 
-ClientResult ParseStream(const testing::HttpReply& r) {
+ClientResult ParseStream(const SseReply& r) {
   ClientResult c;
   c.status = r.status;
   c.error = r.error;
@@ -157,7 +157,7 @@ int Run(int argc, char** argv) {
   for (int i = 0; i < clients; ++i) {
     if (specs[i].disconnect_after) continue;
     reference[i] =
-        ParseStream(testing::Post("127.0.0.1", port, "/v1/completions", specs[i].body.dump()));
+        ParseStream(PostSse("127.0.0.1", port, "/v1/completions", specs[i].body.dump()));
   }
   const std::string metrics_before = server.metrics().Render(server.scheduler().gauges());
 
@@ -170,7 +170,7 @@ int Run(int argc, char** argv) {
     pool.emplace_back([&, i] {
       ++ready;
       while (!go) std::this_thread::yield();
-      results[i] = ParseStream(testing::Post("127.0.0.1", port, "/v1/completions",
+      results[i] = ParseStream(PostSse("127.0.0.1", port, "/v1/completions",
                                              specs[i].body.dump(), specs[i].disconnect_after));
     });
   }

@@ -1,4 +1,4 @@
-// Token trees: shape parsing, proposals, merging (SpecInfer §3.2) and the depth-first layout.
+// Token trees: proposals, merging (SpecInfer §3.2) and the depth-first layout.
 #include "spec/token_tree.h"
 
 #include <gtest/gtest.h>
@@ -16,28 +16,6 @@ using Seqs = std::vector<std::vector<int32_t>>;
 Seqs Sorted(Seqs s) {
   std::sort(s.begin(), s.end());
   return s;
-}
-
-TEST(TreeShape, ParsesAndCountsNodes) {
-  auto s = TreeShape::Parse("1,1,3,1,1,1,1,1");
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
-  EXPECT_EQ(s->depth(), 8);
-  EXPECT_EQ(s->MaxNodes(), 1 + 1 + 3 + 3 * 5);
-  EXPECT_EQ(s->ToString(), "1,1,3,1,1,1,1,1");
-  EXPECT_TRUE(TreeShape::Parse(" 2, 2 ,1").ok());
-  EXPECT_EQ(TreeShape::Parse("4")->MaxNodes(), 4);
-}
-
-TEST(TreeShape, RefusesZerosAbsurdWidthsAndGarbage) {
-  for (const char* bad : {"", "0", "1,0,1", "-1", "17", "1,,1", "1,", "a", "1;2", "2.5",
-                          "16,16,16", "1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,"
-                                      "1,1,1,1,1"}) {
-    auto s = TreeShape::Parse(bad);
-    EXPECT_FALSE(s.ok()) << "accepted '" << bad << "'";
-    if (!s.ok()) {
-      EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
-    }
-  }
 }
 
 TEST(TokenTree, ProposingAnExistingChildAddsATrialNotANode) {

@@ -1,27 +1,12 @@
-// A small HTTP client for the server tests and the load program: POSTs a JSON body and reads the
-// response as it arrives, splitting server-sent events, optionally hanging up after a number of
-// events (a client that disconnects mid-stream).
-#pragma once
+#include "server/sse_client.h"
 
 #include <httplib.h>
 
 #include <chrono>
-#include <string>
-#include <vector>
 
-namespace specinfer::testing {
+namespace specinfer {
 
-struct HttpReply {
-  int status = 0;                     // 0: no response (see `error`)
-  std::string error;                  // the client's error, if any
-  bool aborted = false;               // we hung up early
-  std::string body;                   // the raw body
-  std::vector<std::string> events;    // SSE `data:` payloads, in order ("[DONE]" included)
-  std::vector<double> event_seconds;  // arrival time of each event, from the request's start
-};
-
-// Splits complete SSE events off the front of `buf` and appends their data payloads.
-inline void TakeSseEvents(std::string& buf, std::vector<std::string>* events) {
+void TakeSseEvents(std::string& buf, std::vector<std::string>* events) {
   for (size_t end; (end = buf.find("\n\n")) != std::string::npos;) {
     std::string event = buf.substr(0, end);
     buf.erase(0, end + 2);
@@ -41,18 +26,16 @@ inline void TakeSseEvents(std::string& buf, std::vector<std::string>* events) {
   }
 }
 
-// POSTs `body` to http://host:port`path`. With `stop_after_events` > 0 the connection is closed
-// once that many SSE events have arrived.
-inline HttpReply Post(const std::string& host, int port, const std::string& path,
-                      const std::string& body, int stop_after_events = 0,
-                      const httplib::Headers& headers = {}) {
-  HttpReply reply;
+SseReply PostSse(const std::string& host, int port, const std::string& path,
+                 const std::string& body, int stop_after_events,
+                 const std::vector<std::pair<std::string, std::string>>& headers) {
+  SseReply reply;
   httplib::Client cli(host, port);
   cli.set_read_timeout(60, 0);
   httplib::Request req;
   req.method = "POST";
   req.path = path;
-  req.headers = headers;
+  for (const auto& [name, value] : headers) req.headers.emplace(name, value);
   req.set_header("Content-Type", "application/json");
   req.body = body;
   const auto t0 = std::chrono::steady_clock::now();
@@ -79,4 +62,4 @@ inline HttpReply Post(const std::string& host, int port, const std::string& path
   return reply;
 }
 
-}  // namespace specinfer::testing
+}  // namespace specinfer
