@@ -1,16 +1,17 @@
 // The engine core's scheduler: iteration-level scheduling (Orca) of many sequences. It keeps the
 // running set, admits sequences against the KV cache, and decides each step's batch: every
 // decoding sequence's token tree, then prefill chunks of newcomers within the token budget. After
-// the executor's pass (engine/executor.h) it hands each sequence its logits rows to verify and
-// commit, and reports those that ended. Sequences join between steps (Add) and leave as soon as
-// they finish; nobody waits for the longest.
+// the executor's pass (engine/executor.h), which slices out each member's logits rows, it has each
+// decoding sequence verify and commit its rows, and reports those that ended. Sequences join
+// between steps (Add) and leave as soon as they finish; nobody waits for the longest.
 //
-//   Add(seq) ──> running ──Schedule()──> ScheduledStep ──(executor)──> PassOutput ──Update()──┐
-//                   ^        [ end cancelled sequences and those whose KV was lost ]           │
-//                   │        [ draft each decoding sequence's tree ]                           │
-//                   │        [ fill the token budget with prefill chunks ]                     │
-//                   └──────────────[ per sequence: verify, commit KV, emit tokens ]<───────────┘
-//                                                                                   ──> done
+//   Add(request) ──> running set (admission order)
+//   Schedule()    [ end the cancelled ones and those whose KV was lost     ]
+//                 [ each decoding sequence drafts and lays out its tree    ] ──> ScheduledStep
+//                 [ prefill chunks fill the rest of the token budget       ]     (batch, rows)
+//   Update(pass)  [ a failed pass fails its members; otherwise each tree   ] <── PassOutput
+//                 [ is verified, its KV committed, its tokens emitted      ]     (executor)
+//                 [ those that ended are reported (DoneCallback)           ] ──> done
 //
 // Admission is against the KV cache: a sequence is admitted only if the blocks it may need at
 // its largest (Sequence::max_kv_blocks) fit beside those the running sequences may still claim,
