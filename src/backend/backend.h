@@ -107,7 +107,7 @@ class ModelRunner {
 
   // Changes whenever the K/V this runner held may have been lost (a remote worker restarted or
   // its group failed); 0 for runners whose KV cannot be lost. A sequence that wrote KV under one
-  // value must not continue under another (SequenceRun::CheckKvEpoch).
+  // value must not continue under another (Sequence::CheckKvEpoch).
   virtual uint64_t kv_epoch() const { return 0; }
 };
 

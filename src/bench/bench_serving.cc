@@ -1,5 +1,5 @@
-// Serving load benchmark: an in-process daemon (the real HTTP gateway, scheduler and continuous
-// batching) and C concurrent streaming clients on loopback, for each concurrency in --concurrency
+// Serving load benchmark: an in-process daemon (the real HTTP gateway, request queue and engine
+// core) and C concurrent streaming clients on loopback, for each concurrency in --concurrency
 // and with speculation off and on, all in one run. Prints per setting: requests/s, generated
 // tokens/s, and the median / p90 / p99 of time to first token (TTFT: request sent -> first text)
 // and time per output token (TPOT: (last - first token time) / (tokens - 1), per request).
@@ -216,8 +216,8 @@ int Main(int argc, char** argv) {
   o.engine.num_threads = threads;
   o.engine.context_length = 2048;
   o.chat_template = chat_template;  // KV for max_c sequences stays small
-  o.scheduler.batch.max_sequences = max_c;
-  o.scheduler.max_queue = std::max(64, 2 * max_c);
+  o.queue.batch.max_sequences = max_c;
+  o.queue.max_queue = std::max(64, 2 * max_c);
   o.http.port = 0;
   o.http.threads = max_c + 8;
   o.enable_grpc = false;

@@ -89,15 +89,15 @@ int RunServe(const ServeArgs& a) {
   }
   o.served_model_name = a.served_model_name;
   o.chat_template = a.chat_template;
-  o.scheduler.max_queue = a.max_queue;
-  o.scheduler.batch.max_sequences = a.max_batch;
-  o.scheduler.batch.max_batch_tokens = a.max_batch_tokens;
+  o.queue.max_queue = a.max_queue;
+  o.queue.batch.max_sequences = a.max_batch;
+  o.queue.batch.max_batch_tokens = a.max_batch_tokens;
   auto tree = TreeShape::Parse(a.tree);
   if (!tree.ok()) {
     std::fprintf(stderr, "error: %s\n", tree.status().ToString().c_str());
     return 1;
   }
-  o.scheduler.default_tree = *tree;
+  o.queue.default_tree = *tree;
   o.http.host = a.host;
   o.http.port = a.port;
   o.http.api_key = a.api_key;

@@ -364,10 +364,10 @@ StatusOr<InferenceServerOptions> ManagerOptions(const ClusterConfig& c,
   }
   o.served_model_name = c.manager.served_model_name;
   o.chat_template = c.manager.chat_template;
-  o.scheduler.max_queue = c.limits.max_queue;
-  o.scheduler.batch.max_sequences = c.limits.max_batch;
-  o.scheduler.batch.max_batch_tokens = c.limits.max_batch_tokens;
-  SI_ASSIGN_OR_RETURN(o.scheduler.default_tree, TreeShape::Parse(c.manager.tree));
+  o.queue.max_queue = c.limits.max_queue;
+  o.queue.batch.max_sequences = c.limits.max_batch;
+  o.queue.batch.max_batch_tokens = c.limits.max_batch_tokens;
+  SI_ASSIGN_OR_RETURN(o.queue.default_tree, TreeShape::Parse(c.manager.tree));
   const std::string bind = c.manager.bind.empty() ? c.manager.endpoint.address : c.manager.bind;
   o.http.host = bind;
   o.http.port = c.manager.endpoint.port;
@@ -550,7 +550,7 @@ int RunCluster(const ClusterConfig& c, const std::string& config_path, bool spaw
                sig);
   if (children) children->StopMonitoring();
   server.Shutdown();
-  for (Speculator* s : server.scheduler().engine().speculators())
+  for (Speculator* s : server.queue().engine().speculators())
     if (auto* remote = dynamic_cast<RemoteSpeculator*>(s)) remote->DrainAll();
   if (children) children->StopAll(std::chrono::seconds(config.manager.drain_timeout_s));
   spdlog::warn("manager: stopped");

@@ -1,6 +1,6 @@
 // The request manager's side of a TP x PP group of LLM workers (dist/llm_worker.h): a
-// ModelRunner whose forward passes run on the group, so BatchGenerator, SequenceRun and the
-// speculators drive a distributed LLM exactly as they drive CpuModelRunner, and greedy output
+// ModelRunner whose forward passes run on the group, so the engine core (EngineCore, Sequence) and
+// the speculators drive a distributed LLM exactly as they drive CpuModelRunner, and greedy output
 // is the same token for token (the workers' logits are bit-identical, see
 // backend/cpu/shard_runner.h).
 //
@@ -19,7 +19,7 @@
 // while sequences started after the re-formation run normally.
 //
 // Use: the manager keeps the model's config (and tokenizer) itself, drives the runner with a
-// KvCacheManager(num_kv_blocks(), kv_block_size()) and a BatchGenerator, and may call Probe()
+// KvCacheManager(num_kv_blocks(), kv_block_size()) and an EngineCore, and may call Probe()
 // periodically (e.g. from its health loop) so a returned worker is taken back before the next
 // request arrives. LlmGroupBackend makes the group a backend of the engine.
 //
@@ -77,7 +77,7 @@ class RemoteLlmRunner final : public ModelRunner {
   int32_t num_kv_blocks() const override { return kv_blocks_; }
   // Bumped as soon as the group is found broken (a worker down, restarted, or a collective
   // failed): KV written before that is lost even if the same workers come back, so
-  // BatchGenerator fails the sequences that hold some (SequenceRun::CheckKvEpoch) before they
+  // the engine core fails the sequences that hold some (Sequence::CheckKvEpoch) before they
   // share a pass with new ones.
   uint64_t kv_epoch() const override { return kv_epoch_.load(); }
   // The workers' block size (the KvCacheManager driving this runner must use it).

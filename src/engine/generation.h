@@ -1,5 +1,5 @@
 // What a generation is asked for and what it reports: the request, its statistics and result,
-// and the per-token callback. Shared by Generator (one sequence), SequenceRun and BatchGenerator.
+// and the per-token callback. Shared by Generator (one sequence), Sequence and EngineCore.
 //
 // Thread safety: plain values.
 #pragma once

@@ -1,5 +1,6 @@
 // Single-sequence generation on a ModelRunner, with or without speculation (SpecInfer §3-4): one
-// sequence on BatchGenerator's loop (engine/batch_generator.h), the steps being SequenceRun's.
+// sequence on the engine core (engine/engine_core.h), the steps being those of Sequence
+// (engine/sequence.h) and SpeculativeStep (engine/speculative_step.h), as in serving.
 //
 // The prompt but its last token is prefilled; from then on every step is one LLM pass over a
 // token tree whose root is the last chosen token: the speculators propose trees (merged into

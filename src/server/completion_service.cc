@@ -24,9 +24,9 @@ uint64_t RandomSeed() {
 
 }  // namespace
 
-CompletionService::CompletionService(Scheduler& scheduler, ServerMetrics& metrics,
+CompletionService::CompletionService(RequestQueue& queue, ServerMetrics& metrics,
                                      ServiceOptions options)
-    : scheduler_(scheduler), metrics_(metrics), options_(std::move(options)) {}
+    : queue_(queue), metrics_(metrics), options_(std::move(options)) {}
 
 ApiError CompletionService::CheckParameters(const CompletionRequest& r) const {
   using L = RequestLimits;
@@ -175,7 +175,7 @@ ApiError CompletionService::Start(const CompletionRequest& request, PreparedRequ
                                   std::shared_ptr<ResponseStream>* stream) {
   if (ApiError e = Prepare(request, prepared); !e.ok()) return e;
   // Submit consumes the jobs; keep what the response writers need (prompt ids, indices).
-  auto submitted = scheduler_.Submit(prepared->jobs);
+  auto submitted = queue_.Submit(prepared->jobs);
   if (!submitted.ok()) return ApiError::FromStatus(submitted.status());
   *stream = std::move(submitted).value();
   return {};

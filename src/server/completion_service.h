@@ -1,7 +1,7 @@
 // The protocol-neutral half of serving a generation request, shared by the OpenAI gateway and the
 // gRPC service: checks a parsed CompletionRequest against the served model and the limits,
 // tokenizes its prompts (chat template applied), resolves seeds, and submits the resulting
-// SequenceJobs to the Scheduler.
+// SequenceJobs to the RequestQueue.
 //
 // Checks (each an ApiError naming the field, 400 unless noted):
 //   model other than the served one (404, "model_not_found"); temperature outside [0, 2]; top_p
@@ -22,14 +22,14 @@
 #include "server/api_error.h"
 #include "server/metrics.h"
 #include "server/request.h"
-#include "server/scheduler.h"
+#include "server/request_queue.h"
 
 namespace specinfer {
 
 struct ServiceOptions {
   std::string served_model_name;
   std::string chat_template;  // default chat template override ("" = the model's own)
-  // Whether requests may enable speculation: InferenceServer turns it on (its scheduler hands
+  // Whether requests may enable speculation: InferenceServer turns it on (its request queue hands
   // SequenceJob::speculation to the engine's speculators); a service whose engine should not
   // speculate leaves it off and refuses such requests.
   bool speculation_available = false;
@@ -44,7 +44,7 @@ struct PreparedRequest {
 
 class CompletionService {
  public:
-  CompletionService(Scheduler& scheduler, ServerMetrics& metrics, ServiceOptions options);
+  CompletionService(RequestQueue& queue, ServerMetrics& metrics, ServiceOptions options);
 
   // Validates and tokenizes `request` into `out`.
   ApiError Prepare(const CompletionRequest& request, PreparedRequest* out) const;
@@ -54,17 +54,17 @@ class CompletionService {
   ApiError Start(const CompletionRequest& request, PreparedRequest* prepared,
                  std::shared_ptr<ResponseStream>* stream);
 
-  void Cancel(const std::shared_ptr<ResponseStream>& stream) { scheduler_.Cancel(stream); }
+  void Cancel(const std::shared_ptr<ResponseStream>& stream) { queue_.Cancel(stream); }
 
   const std::string& model_name() const { return options_.served_model_name; }
-  const Engine& engine() const { return scheduler_.engine(); }
-  Scheduler& scheduler() { return scheduler_; }
+  const Engine& engine() const { return queue_.engine(); }
+  RequestQueue& queue() { return queue_; }
   ServerMetrics& metrics() { return metrics_; }
 
  private:
   ApiError CheckParameters(const CompletionRequest& r) const;
 
-  Scheduler& scheduler_;
+  RequestQueue& queue_;
   ServerMetrics& metrics_;
   const ServiceOptions options_;
 };

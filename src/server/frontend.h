@@ -13,8 +13,8 @@ class Frontend {
   virtual ~Frontend() = default;  // implementations Stop() first
   // The bound port (the one chosen when the options asked for port 0).
   virtual int port() const = 0;
-  // Stops accepting and waits for running requests (their streams must end: shut the scheduler
-  // down first; gRPC cancels them after a short grace period). Idempotent.
+  // Stops accepting and waits for running requests (their streams must end: shut the request
+  // queue down first; gRPC cancels them after a short grace period). Idempotent.
   virtual void Stop() = 0;
 };
 

@@ -122,7 +122,7 @@ class SpecInferService final : public v1::SpecInfer::Service {
 
   grpc::Status Health(grpc::ServerContext*, const v1::HealthRequest*,
                       v1::HealthResponse* resp) override {
-    const SchedulerGauges g = service_.scheduler().gauges();
+    const ServingGauges g = service_.queue().gauges();
     resp->set_status(v1::HealthResponse::SERVING);
     resp->set_queued(static_cast<int32_t>(g.queued));
     resp->set_running(static_cast<int32_t>(g.running));

@@ -1,7 +1,7 @@
 // The gRPC service specinfer.v1.SpecInfer (proto/specinfer.proto) on the synchronous gRPC server.
 //
 // Generate converts its request into a CompletionRequest and goes through the same
-// CompletionService checks and Scheduler as the HTTP gateway; every event becomes one
+// CompletionService checks and RequestQueue as the HTTP gateway; every event becomes one
 // GenerateResponse. The handler polls ServerContext::IsCancelled between events, so a client that
 // cancels or disconnects stops its generation (and frees its KV memory) at once.
 //

@@ -100,7 +100,7 @@ struct HttpFrontend final : public Frontend {
 void HttpFrontend::Routes() {
   httplib::Server& svr = server;
   const int threads =
-      options.threads > 0 ? options.threads : service.scheduler().options().max_queue + 16;
+      options.threads > 0 ? options.threads : service.queue().options().max_queue + 16;
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   svr.set_payload_max_length(options.max_body_bytes);
   svr.set_tcp_nodelay(true);  // stream chunks are small; send each at once
@@ -222,7 +222,7 @@ void HttpFrontend::Routes() {
     res.set_content("{\"status\":\"ok\"}", kJson);
   });
   svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(service.metrics().Render(service.scheduler().gauges()),
+    res.set_content(service.metrics().Render(service.queue().gauges()),
                     "text/plain; version=0.0.4; charset=utf-8");
   });
 }

@@ -43,7 +43,7 @@ struct HttpServerOptions {
   std::string api_key;  // non-empty: required on /v1/ paths
   size_t max_body_bytes = 4u << 20;
   // Handler threads. A streaming response occupies one for its whole duration, so there should be
-  // more than the scheduler's queue holds (else waiting connections never see "server busy").
+  // more than the request queue holds (else waiting connections never see "server busy").
   // 0: max_queue + 16.
   int threads = 0;
 };

@@ -17,7 +17,7 @@ std::string DefaultServedModelName(const std::string& model_path) {
 StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(InferenceServerOptions options) {
   // KV memory (and the draft models' sessions) for every sequence the batch may run at once.
   options.engine.max_sequences =
-      std::max(options.engine.max_sequences, options.scheduler.batch.max_sequences);
+      std::max(options.engine.max_sequences, options.queue.batch.max_sequences);
   SI_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(options.engine));
   if (options.served_model_name.empty())
     options.served_model_name = DefaultServedModelName(options.engine.model_path);
@@ -27,8 +27,8 @@ StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(InferenceServe
 StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(std::unique_ptr<Engine> engine,
                                                                   InferenceServerOptions options) {
   if (!engine) return InvalidArgumentError("no engine");
-  if (options.scheduler.max_queue < 1) return InvalidArgumentError("max queue must be >= 1");
-  if (options.scheduler.batch.max_sequences < 1 || options.scheduler.batch.max_batch_tokens < 1)
+  if (options.queue.max_queue < 1) return InvalidArgumentError("max queue must be >= 1");
+  if (options.queue.batch.max_sequences < 1 || options.queue.batch.max_batch_tokens < 1)
     return InvalidArgumentError("max batch sequences and tokens must be >= 1");
   if (options.served_model_name.empty())
     options.served_model_name = DefaultServedModelName(options.engine.model_path);
@@ -41,18 +41,18 @@ StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(std::unique_pt
   s->engine_ = std::move(engine);
   s->metrics_ = std::make_unique<ServerMetrics>();
   if (!s->engine_->speculators().empty()) {  // those loaded at start (--draft) are the default
-    options.scheduler.default_drafts.clear();
+    options.queue.default_drafts.clear();
     for (const Speculator* sp : s->engine_->speculators())
-      options.scheduler.default_drafts.push_back(sp->name());
+      options.queue.default_drafts.push_back(sp->name());
   }
-  s->scheduler_ = std::make_unique<Scheduler>(*s->engine_, *s->metrics_, options.scheduler);
+  s->queue_ = std::make_unique<RequestQueue>(*s->engine_, *s->metrics_, options.queue);
   ServiceOptions so;
   so.served_model_name = options.served_model_name;
   so.chat_template = options.chat_template;
   so.speculation_available = true;
   for (const Speculator* sp : s->engine_->speculators())
     if (sp->name().starts_with("model:")) so.model_drafts.push_back(sp->name());
-  s->service_ = std::make_unique<CompletionService>(*s->scheduler_, *s->metrics_, so);
+  s->service_ = std::make_unique<CompletionService>(*s->queue_, *s->metrics_, so);
   options.grpc.max_message_bytes = options.http.max_body_bytes;
   SI_ASSIGN_OR_RETURN(s->http_, StartHttpServer(*s->service_, options.http));
   if (options.enable_grpc) {
@@ -64,7 +64,7 @@ StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(std::unique_pt
 InferenceServer::~InferenceServer() { Shutdown(); }
 
 void InferenceServer::Shutdown() {
-  if (scheduler_) scheduler_->Shutdown();
+  if (queue_) queue_->Shutdown();
   if (http_) http_->Stop();
   if (grpc_) grpc_->Stop();
 }

@@ -1,8 +1,8 @@
-// The serving daemon assembled: Engine -> Scheduler -> CompletionService -> HTTP gateway and gRPC
-// service, with shared metrics. `specinfer serve` runs one; the tests start one in-process on
-// ephemeral ports.
+// The serving daemon assembled: Engine -> RequestQueue (its engine core and output processor) ->
+// CompletionService -> HTTP gateway and gRPC service, with shared metrics. `specinfer serve` runs
+// one; the tests start one in-process on ephemeral ports.
 //
-// Shutdown order matters: the scheduler goes first (queued requests fail with UNAVAILABLE, the
+// Shutdown order matters: the request queue goes first (queued requests fail with UNAVAILABLE, the
 // running one is cancelled, every stream gets its final event), then the frontends, whose
 // handlers can then finish, then the engine.
 //
@@ -17,7 +17,7 @@
 #include "server/grpc_server.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
-#include "server/scheduler.h"
+#include "server/request_queue.h"
 
 namespace specinfer {
 
@@ -25,7 +25,7 @@ struct InferenceServerOptions {
   EngineOptions engine;           // used by the Start overload that loads the model
   std::string served_model_name;  // "": the model file's stem
   std::string chat_template;      // default chat template override ("": the model's own)
-  SchedulerOptions scheduler;
+  RequestQueueOptions queue;
   HttpServerOptions http;
   bool enable_grpc = true;
   GrpcServerOptions grpc;
@@ -45,7 +45,7 @@ class InferenceServer {
   int http_port() const { return http_ ? http_->port() : 0; }
   int grpc_port() const { return grpc_ ? grpc_->port() : 0; }  // 0: gRPC disabled
   const std::string& model_name() const { return service_->model_name(); }
-  Scheduler& scheduler() { return *scheduler_; }
+  RequestQueue& queue() { return *queue_; }
   ServerMetrics& metrics() { return *metrics_; }
   CompletionService& service() { return *service_; }
 
@@ -54,7 +54,7 @@ class InferenceServer {
 
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<ServerMetrics> metrics_;
-  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<RequestQueue> queue_;
   std::unique_ptr<CompletionService> service_;
   std::unique_ptr<Frontend> http_;  // StartHttpServer
   std::unique_ptr<Frontend> grpc_;  // StartGrpcServer; null when gRPC is disabled

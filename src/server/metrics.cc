@@ -118,7 +118,7 @@ int64_t ServerMetrics::requests(std::string_view endpoint, std::string_view code
   return it == requests_.end() ? 0 : it->second;
 }
 
-std::string ServerMetrics::Render(const SchedulerGauges& g) const {
+std::string ServerMetrics::Render(const ServingGauges& g) const {
   std::string out;
   {
     std::lock_guard<std::mutex> lock(mu_);

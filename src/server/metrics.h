@@ -49,8 +49,8 @@ class Histogram {
   uint64_t count_ = 0;
 };
 
-// Instantaneous state of the request scheduler, read when /metrics is rendered.
-struct SchedulerGauges {
+// Instantaneous state of the request queue and the engine core, read when /metrics is rendered.
+struct ServingGauges {
   int64_t queued = 0;
   int64_t running = 0;
   int64_t kv_blocks_used = 0;
@@ -87,7 +87,7 @@ class ServerMetrics {
   uint64_t ttft_count() const { return ttft_.count(); }
 
   // The whole exposition, gauges from `gauges`.
-  std::string Render(const SchedulerGauges& gauges) const;
+  std::string Render(const ServingGauges& gauges) const;
 
  private:
   Histogram ttft_;

@@ -1,9 +1,9 @@
 // Protocol-neutral request and response types shared by the frontends (OpenAI HTTP gateway, gRPC)
-// and the scheduler:
+// and the request queue:
 //
 //   frontend parses its wire format  ->  CompletionRequest   (what the client asked for)
 //   CompletionService::Prepare       ->  SequenceJob x n     (tokenized, checked, seeds resolved)
-//   Scheduler runs each job          ->  StreamEvent stream  (text deltas, tokens, finish, usage)
+//   RequestQueue runs each job       ->  StreamEvent stream  (text deltas, tokens, finish, usage)
 //
 // Thread safety: plain values.
 #pragma once
@@ -67,11 +67,11 @@ struct SequenceJob {
   GenerateRequest generate;  // prompt ids, max new tokens, sampling with its seed, stop ids
   std::vector<std::string> stop_strings;
   int32_t top_logprobs = -1;       // -1: no logprobs
-  SpeculationRequest speculation;  // validated (serving limits); the scheduler applies defaults
+  SpeculationRequest speculation;  // validated (serving limits); the request queue applies defaults
 };
 
-// What the scheduler reports about a request's sequences, in order per sequence: zero or more
-// kDelta events, then exactly one kFinished or kError.
+// What the output processor reports about a request's sequences, in order per sequence: zero or
+// more kDelta events, then exactly one kFinished or kError.
 struct StreamEvent {
   enum class Type { kDelta, kFinished, kError };
   Type type = Type::kDelta;

@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "dist/model_identity.h"
-#include "engine/batch_generator.h"
+#include "engine/engine_core.h"
 #include "llm_test_util.h"
 #include "model/loader.h"
 #include "proto/llm_worker.grpc.pb.h"
@@ -215,7 +215,7 @@ GenerateRequest Request(const Stories& st, const std::string& text, int32_t toke
 }
 
 // Steps `gen` until `out` is done (at most `limit`); returns the seconds it took.
-double StepUntilDone(BatchGenerator& gen, Outcome& out, double limit = 20) {
+double StepUntilDone(EngineCore& gen, Outcome& out, double limit = 20) {
   const auto t0 = Clock::now();
   double s = 0;
   while (!out.done && s < limit) {
@@ -249,15 +249,15 @@ TEST(LlmWorkerFaults, WorkerDownFailsInFlightQuicklyAndServingResumesWhenItRetur
 
   BatchOptions o;
   o.max_sequences = 4;
-  BatchGenerator gen(remote, kv, o);
+  EngineCore gen(remote, kv, o);
   Outcome r1;
   ASSERT_TRUE(gen.Add(Request(st, "Once upon a time", 60), nullptr,
                       [&](StatusOr<GenerateResult> r) { r1.done = r; })
                   .ok());
   for (int i = 0; i < 4; ++i) gen.Step();
   ASSERT_FALSE(r1.done.has_value());
-  // Another scheduler's sequence with KV on the group, not in any pass while the worker is down.
-  BatchGenerator gen2(remote, kv, o);
+  // Another engine core's sequence with KV on the group, not in any pass while the worker is down.
+  EngineCore gen2(remote, kv, o);
   Outcome old_run;
   ASSERT_TRUE(gen2.Add(Request(st, "Lily and Ben", 30), nullptr,
                        [&](StatusOr<GenerateResult> r) { old_run.done = r; })
@@ -283,7 +283,7 @@ TEST(LlmWorkerFaults, WorkerDownFailsInFlightQuicklyAndServingResumesWhenItRetur
   auto admitted = gen.Add(Request(st, "The cat", 10), nullptr,
                           [&](StatusOr<GenerateResult> r) { r2.done = r; });
   ASSERT_TRUE(admitted.ok());
-  EXPECT_EQ(*admitted, BatchGenerator::Admission::kAdmitted);
+  EXPECT_EQ(*admitted, EngineCore::Admission::kAdmitted);
   const double refused_after = StepUntilDone(gen, r2);
   ASSERT_TRUE(r2.done.has_value());
   EXPECT_EQ(r2.done->status().code(), StatusCode::kUnavailable) << r2.done->status().ToString();
@@ -327,7 +327,7 @@ TEST(LlmWorkerFaults, WorkerDownFailsInFlightQuicklyAndServingResumesWhenItRetur
   EXPECT_NE(old_run.done->status().message().find("KV lost"), std::string::npos);
   ASSERT_TRUE(r3.done.has_value());
   ASSERT_TRUE(r3.done->ok()) << r3.done->status().ToString();
-  BatchGenerator local_gen(*local.runner, *local.kv, o);
+  EngineCore local_gen(*local.runner, *local.kv, o);
   Outcome want;
   ASSERT_TRUE(local_gen.Add(req, nullptr, [&](StatusOr<GenerateResult> r) { want.done = r; }).ok());
   StepUntilDone(local_gen, want);

@@ -1,7 +1,7 @@
 // An LLM split tensor-parallel x pipeline-parallel over in-process LlmWorkerServers (Gloo over
 // loopback) must give logits bit-identical to the single-process CpuModelRunner, pass for pass
 // (prefill, decode, several sequences, token trees, masked KV, MoveKv), and greedy generation
-// through BatchGenerator (with and without speculators) must equal the local engine's token for
+// through EngineCore (with and without speculators) must equal the local engine's token for
 // token. Workers of another model or vocabulary, or in the wrong place, are refused by Connect.
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 
 #include "backend/cpu/shard_runner.h"
 #include "dist/model_identity.h"
-#include "engine/batch_generator.h"
+#include "engine/engine_core.h"
 #include "llm_test_util.h"
 #include "model/loader.h"
 #include "model/random_model.h"
@@ -160,17 +160,17 @@ TEST(LlmShard, SplitsAreEvenAndCoverEverything) {
             StatusCode::kInvalidArgument);
 }
 
-// Runs every request to completion on `runner` through one BatchGenerator; returns the tokens.
+// Runs every request to completion on `runner` through one EngineCore; returns the tokens.
 std::vector<std::vector<int32_t>> GenerateAll(ModelRunner& runner, KvCacheManager& kv,
                                               const std::vector<GenerateRequest>& reqs) {
   BatchOptions o;
   o.max_sequences = 4;
   o.max_batch_tokens = 24;  // prefill chunks share passes with trees
-  BatchGenerator gen(runner, kv, o);
+  EngineCore gen(runner, kv, o);
   std::vector<std::optional<StatusOr<GenerateResult>>> done(reqs.size());
   for (size_t i = 0; i < reqs.size(); ++i) {
     auto a = gen.Add(reqs[i], nullptr, [&done, i](StatusOr<GenerateResult> r) { done[i] = r; });
-    EXPECT_TRUE(a.ok() && *a == BatchGenerator::Admission::kAdmitted) << i;
+    EXPECT_TRUE(a.ok() && *a == EngineCore::Admission::kAdmitted) << i;
   }
   for (int steps = 0; !gen.idle() && steps < 5000; ++steps) gen.Step();
   std::vector<std::vector<int32_t>> out;

@@ -15,7 +15,7 @@
 #include "dist/ssm_client.h"
 #include "dist/ssm_wire.h"
 #include "dist/ssm_worker.h"
-#include "engine/batch_generator.h"
+#include "engine/engine_core.h"
 #include "engine/engine.h"
 #include "model/loader.h"
 #include "proto/ssm_worker.grpc.pb.h"
@@ -420,7 +420,7 @@ TEST(RemoteSpeculator, BatchedSequencesSpreadOverReplicasWithOutputsUnchanged) {
   // Engine::Generate runs one sequence; here four share every step, as in the server.
   BatchOptions bo;
   bo.max_sequences = 4;
-  BatchGenerator batch(engine->runner(), engine->kv(), bo);
+  EngineCore batch(engine->runner(), engine->kv(), bo);
   std::vector<std::vector<int32_t>> got(prompts.size());
   int done = 0;
   std::vector<int32_t> most(2, 0);
@@ -432,7 +432,7 @@ TEST(RemoteSpeculator, BatchedSequencesSpreadOverReplicasWithOutputsUnchanged) {
           ++done;
         });
     ASSERT_TRUE(a.ok());
-    ASSERT_EQ(*a, BatchGenerator::Admission::kAdmitted);
+    ASSERT_EQ(*a, EngineCore::Admission::kAdmitted);
   }
   while (!batch.idle()) {
     batch.Step();

@@ -250,13 +250,13 @@ TEST_F(GrpcServerTest, CancellingTheCallStopsGenerationAndFreesKv) {
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
   bool idle = false;
   for (int i = 0; i < 500 && !idle; ++i) {
-    const SchedulerGauges g = server_->scheduler().gauges();
+    const ServingGauges g = server_->queue().gauges();
     idle = g.running == 0 && g.queued == 0;
     if (!idle) std::this_thread::sleep_for(10ms);
   }
   ASSERT_TRUE(idle);
-  EXPECT_EQ(server_->scheduler().gauges().kv_blocks_used, 0);
-  const std::string metrics = server_->metrics().Render(server_->scheduler().gauges());
+  EXPECT_EQ(server_->queue().gauges().kv_blocks_used, 0);
+  const std::string metrics = server_->metrics().Render(server_->queue().gauges());
   EXPECT_NE(metrics.find("specinfer_sequences_finished_total{reason=\"cancelled\"}"),
             std::string::npos);
 }

@@ -55,11 +55,11 @@ class HttpServerTest : public ::testing::Test {
   // Waits until the worker is idle (a cancelled sequence's KV is freed when it returns).
   static void WaitIdle() {
     for (int i = 0; i < 500; ++i) {
-      SchedulerGauges g = server_->scheduler().gauges();
+      ServingGauges g = server_->queue().gauges();
       if (g.running == 0 && g.queued == 0) return;
       std::this_thread::sleep_for(10ms);
     }
-    ADD_FAILURE() << "the scheduler did not become idle";
+    ADD_FAILURE() << "the request queue did not become idle";
   }
 
   static InferenceServer* server_;
@@ -346,7 +346,7 @@ TEST_F(HttpServerTest, DisconnectingMidStreamCancelsAndFreesKv) {
   EXPECT_LT(produced, 450) << "generation was not cancelled";
   EXPECT_EQ(MetricValue(after, "specinfer_kv_blocks_used"), 0);
   EXPECT_GT(MetricValue(after, "specinfer_kv_blocks_total"), 0);
-  EXPECT_EQ(server_->scheduler().gauges().kv_blocks_used, 0);
+  EXPECT_EQ(server_->queue().gauges().kv_blocks_used, 0);
   // And the daemon serves the next request.
   SseReply next = Post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 3}});
   EXPECT_EQ(next.status, 200);
@@ -363,7 +363,7 @@ TEST(HttpServerSlowModel, LongNonStreamingRequestsAndClientsThatLeave) {
   o.engine.model_path = model;
   o.engine.num_threads = 1;
   o.engine.context_length = 4096;
-  o.scheduler.batch.max_sequences = 1;
+  o.queue.batch.max_sequences = 1;
   o.http.port = 0;
   o.enable_grpc = false;
   auto started = InferenceServer::Start(std::move(o));
@@ -400,7 +400,7 @@ TEST(HttpServerSlowModel, LongNonStreamingRequestsAndClientsThatLeave) {
   const auto left = std::chrono::steady_clock::now();
   bool idle = false;
   while (std::chrono::steady_clock::now() - left < 20s) {
-    if (server->scheduler().gauges().running == 0) {
+    if (server->queue().gauges().running == 0) {
       idle = true;
       break;
     }
@@ -409,19 +409,19 @@ TEST(HttpServerSlowModel, LongNonStreamingRequestsAndClientsThatLeave) {
   EXPECT_TRUE(idle) << "generation went on after the client left";
   EXPECT_LT(std::chrono::steady_clock::now() - left, 10s);
   EXPECT_EQ(server->metrics().finished("cancelled") - cancelled_before, 1);
-  EXPECT_EQ(server->scheduler().gauges().kv_blocks_used, 0);
+  EXPECT_EQ(server->queue().gauges().kv_blocks_used, 0);
 }
 
 TEST(HttpServerLimits, QueueFullIs503) {
   InferenceServerOptions o;
-  o.scheduler.max_queue = 2;
-  o.scheduler.batch.max_sequences = 1;  // one runs, the others queue
+  o.queue.max_queue = 2;
+  o.queue.batch.max_sequences = 1;  // one runs, the others queue
   auto server = StartServer(o);
   ASSERT_TRUE(server);
   const int port = server->http_port();
   auto wait_for = [&](int64_t running, int64_t queued) {
     for (int i = 0; i < 5000; ++i) {
-      const SchedulerGauges g = server->scheduler().gauges();
+      const ServingGauges g = server->queue().gauges();
       if (g.running == running && g.queued == queued) return true;
       std::this_thread::sleep_for(1ms);
     }

@@ -43,7 +43,7 @@ TEST(ServerMetrics, RendersEveryFamily) {
   m.AddPromptTokens(5);
   m.AddGeneratedTokens(7);
   m.CountFinished("stop");
-  SchedulerGauges g{3, 1, 10, 545};
+  ServingGauges g{3, 1, 10, 545};
   const std::string out = m.Render(g);
   EXPECT_TRUE(
       HasLine(out, "specinfer_requests_total{endpoint=\"/v1/completions\",code=\"200\"} 2"));

@@ -118,8 +118,8 @@ int Run(int argc, char** argv) {
   o.engine.num_threads = threads;
   o.http.port = 0;
   o.enable_grpc = false;
-  o.scheduler.max_queue = clients;
-  o.scheduler.batch.max_sequences = max_batch;
+  o.queue.max_queue = clients;
+  o.queue.batch.max_sequences = max_batch;
   auto server_or = InferenceServer::Start(o);
   if (!server_or.ok()) {
     std::fprintf(stderr, "error: %s\n", server_or.status().ToString().c_str());
@@ -159,7 +159,7 @@ int Run(int argc, char** argv) {
     reference[i] =
         ParseStream(PostSse("127.0.0.1", port, "/v1/completions", specs[i].body.dump()));
   }
-  const std::string metrics_before = server.metrics().Render(server.scheduler().gauges());
+  const std::string metrics_before = server.metrics().Render(server.queue().gauges());
 
   // All clients at once.
   std::vector<ClientResult> results(clients);
@@ -182,11 +182,11 @@ int Run(int argc, char** argv) {
 
   // Let the worker finish the cancellations, then look at what is left.
   for (int i = 0; i < 1000; ++i) {
-    const SchedulerGauges g = server.scheduler().gauges();
+    const ServingGauges g = server.queue().gauges();
     if (g.queued == 0 && g.running == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  const SchedulerGauges g = server.scheduler().gauges();
+  const ServingGauges g = server.queue().gauges();
   const std::string metrics_after = server.metrics().Render(g);
 
   int failures = 0;

@@ -1,25 +1,25 @@
-// The request manager between the frontends and the Engine: a bounded FIFO of waiting sequences
-// in front of BatchGenerator's continuous batching (engine/batch_generator.h).
+// The request queue between the frontends and the engine core: admission, limits, FIFO order,
+// cancellation and shutdown, and the worker thread that feeds the queue's sequences to the
+// Engine's engine core (engine/engine_core.h) and steps it.
 //
 // Frontend threads (HTTP handlers, gRPC handlers; any number) Submit() the sequences of a
 // request and read its ResponseStream; one worker thread owns the Engine's runner and KV cache.
-// Between iterations it admits waiting sequences in FIFO order while the KV cache and the batch
-// limits have room for them, then runs one iteration: one LLM pass holding every running
-// sequence's token tree plus prefill chunks of newcomers. Tokens reach the stream from each
-// sequence's token callback as they are chosen, turned into text (server/text_output.h) on the
-// worker, so stop strings end generation at the exact token; logprobs come from the very logits
-// rows the tokens were chosen from, so they stream live too.
+// Between steps it admits waiting sequences in FIFO order while the KV cache and the batch
+// limits have room for them (resolving each one's speculators and tree), then runs one step: one
+// LLM pass holding every running sequence's token tree plus prefill chunks of newcomers. What
+// each sequence produces reaches its stream through the output processor
+// (server/output_processor.h): text, stop strings and logprobs as tokens are chosen.
 //
-//   frontend ──Submit(jobs)──> [bounded FIFO queue] ──admit──> BatchGenerator ──Step()──┐
-//      ^                                                        (running set)           │
-//      └──────────── ResponseStream (events) <──────────────────────────────────────────┘
+//   frontend ──Submit(jobs)──> [bounded FIFO queue] ──admit──> EngineCore ──Step()──┐
+//      ^                                                      (running set)          │
+//      └── ResponseStream (events) <── OutputProcessor <── tokens, outcomes <────────┘
 //
 // Admission: at most `max_queue` sequences wait; a request that does not fit is refused whole
 // with Unavailable ("server busy"), which the gateway answers with 503. A sequence that could
 // never fit the KV cache is failed with ResourceExhausted.
 //
 // Cancellation: Cancel() (a frontend whose client disconnected) drops the request's queued
-// sequences at once; running ones end before the next iteration (their cancel poll) or at their
+// sequences at once; running ones end before the next step (their cancel poll) or at their
 // next token, and free their KV blocks then. Each cancelled sequence still gets its final event
 // (finish reason kCancelled).
 //
@@ -42,18 +42,22 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
-#include "engine/batch_generator.h"
 #include "engine/engine.h"
+#include "engine/engine_core.h"
 #include "server/metrics.h"
 #include "server/request.h"
 #include "server/thread_annotations.h"
 
 namespace specinfer {
 
-// The events of one request, produced by the scheduler and consumed by one frontend thread.
+class OutputProcessor;
+
+// The events of one request, produced by the request queue's worker (through the output
+// processor) and consumed by one frontend thread.
 class ResponseStream {
  public:
   using Clock = std::chrono::steady_clock;
@@ -69,7 +73,9 @@ class ResponseStream {
   Clock::time_point submitted_at() const { return submitted_at_; }
 
  private:
-  friend class Scheduler;
+  friend class RequestQueue;
+  friend class OutputProcessor;
+  friend class SequenceOutput;
   void Push(StreamEvent event) SI_EXCLUDES(mu_);
 
   const int32_t num_sequences_;
@@ -82,7 +88,7 @@ class ResponseStream {
   std::atomic<bool> first_token_seen_{false};  // for the time-to-first-token histogram
 };
 
-struct SchedulerOptions {
+struct RequestQueueOptions {
   int32_t max_queue = 64;  // sequences waiting (not counting running ones)
   // Running sequences and tokens per LLM pass. max_sequences must not exceed the Engine's
   // max_sequences (its draft models keep KV for that many).
@@ -93,13 +99,13 @@ struct SchedulerOptions {
   std::vector<std::string> default_drafts = {"ngram"};
 };
 
-class Scheduler {
+class RequestQueue {
  public:
-  // Starts the worker. `engine` and `metrics` must outlive the Scheduler.
-  Scheduler(Engine& engine, ServerMetrics& metrics, SchedulerOptions options);
-  ~Scheduler();  // Shutdown()
-  Scheduler(const Scheduler&) = delete;
-  Scheduler& operator=(const Scheduler&) = delete;
+  // Starts the worker. `engine` and `metrics` must outlive the RequestQueue.
+  RequestQueue(Engine& engine, ServerMetrics& metrics, RequestQueueOptions options);
+  ~RequestQueue();  // Shutdown()
+  RequestQueue(const RequestQueue&) = delete;
+  RequestQueue& operator=(const RequestQueue&) = delete;
 
   // Queues the sequences of one request, all or none. Unavailable when the queue cannot take
   // them all ("server busy") or after Shutdown; InvalidArgument for an empty list.
@@ -114,8 +120,8 @@ class Scheduler {
   void Shutdown() SI_EXCLUDES(mu_);
 
   const Engine& engine() const { return engine_; }
-  SchedulerGauges gauges() const SI_EXCLUDES(mu_);
-  const SchedulerOptions& options() const { return options_; }
+  ServingGauges gauges() const SI_EXCLUDES(mu_);
+  const RequestQueueOptions& options() const { return options_; }
 
  private:
   struct Job {
@@ -123,21 +129,21 @@ class Scheduler {
     std::shared_ptr<ResponseStream> stream;
   };
 
-  struct Active;
-
   void WorkerLoop() SI_EXCLUDES(mu_);
   // Admits waiting sequences while there is room; returns when the queue's head must wait.
-  void Admit(BatchGenerator& batch) SI_EXCLUDES(mu_);
-  // Starts one job on `batch`: kNoRoom leaves it waiting; an error or a cancelled stream ends it
+  void Admit(EngineCore& core) SI_EXCLUDES(mu_);
+  // Starts one job on `core`: kNoRoom leaves it waiting; an error or a cancelled stream ends it
   // with its final event.
-  BatchGenerator::Admission Start(BatchGenerator& batch, Job& job);
-  void Finish(Active& a, StatusOr<GenerateResult> outcome);
-  void FailJob(Job& job, Status error);
+  EngineCore::Admission Start(EngineCore& core, Job& job);
+  // The engine's request for `job`: its speculators (or the default ones) and tree (or the
+  // default) when it enables speculation.
+  StatusOr<GenerateRequest> ToGenerateRequest(const SequenceJob& job);
   void PublishKv();
 
   Engine& engine_;
   ServerMetrics& metrics_;
-  const SchedulerOptions options_;
+  const RequestQueueOptions options_;
+  const std::unique_ptr<OutputProcessor> output_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -1,8 +1,8 @@
-// Continuous batching (engine/batch_generator.h) on stories260K: many sequences of mixed lengths,
+// Continuous batching (engine/engine_core.h) on stories260K: many sequences of mixed lengths,
 // sampling settings and speculators sharing LLM passes must each produce exactly what they
 // produce alone; the token callback's logits must be those each token was chosen from; admission
 // must respect the KV budget; cancellation and a failed pass must end only whom they concern.
-#include "engine/batch_generator.h"
+#include "engine/engine_core.h"
 
 #include <gtest/gtest.h>
 
@@ -34,7 +34,7 @@ struct Outcome {
 };
 
 // Adds `req` to `batch`, recording what it streams and how it ends into `out`.
-BatchGenerator::Admission AddTo(BatchGenerator& batch, const GenerateRequest& req, Outcome& out) {
+EngineCore::Admission AddTo(EngineCore& batch, const GenerateRequest& req, Outcome& out) {
   auto a = batch.Add(
       req,
       [&out](int32_t t, std::span<const float>) {
@@ -43,13 +43,13 @@ BatchGenerator::Admission AddTo(BatchGenerator& batch, const GenerateRequest& re
       },
       [&out](StatusOr<GenerateResult> r) { out.done = std::move(r); });
   EXPECT_TRUE(a.ok()) << a.status().ToString();
-  return a.ok() ? *a : BatchGenerator::Admission::kNoRoom;
+  return a.ok() ? *a : EngineCore::Admission::kNoRoom;
 }
 
 // 32 requests of mixed prompt lengths, lengths, sampling settings and speculators, all admitted
 // at once and run with a small token budget (so prefill chunks and token trees share passes):
 // each one's tokens equal its tokens when generated alone.
-TEST(BatchGenerator, ThirtyTwoMixedSequencesEachEqualAlone) {
+TEST(EngineCore, ThirtyTwoMixedSequencesEachEqualAlone) {
   auto engine = MakeEngine(32);
   ASSERT_TRUE(engine);
   const std::vector<std::string> texts = {
@@ -96,10 +96,10 @@ TEST(BatchGenerator, ThirtyTwoMixedSequencesEachEqualAlone) {
   BatchOptions o;
   o.max_sequences = 32;
   o.max_batch_tokens = 48;
-  BatchGenerator batch(engine->runner(), engine->kv(), o);
+  EngineCore batch(engine->runner(), engine->kv(), o);
   std::vector<Outcome> out(reqs.size());
   for (size_t i = 0; i < reqs.size(); ++i)
-    ASSERT_EQ(AddTo(batch, reqs[i], out[i]), BatchGenerator::Admission::kAdmitted) << i;
+    ASSERT_EQ(AddTo(batch, reqs[i], out[i]), EngineCore::Admission::kAdmitted) << i;
   int32_t steps = 0, peak = 0;
   while (!batch.idle() && steps < 10000) {
     peak = std::max(peak, batch.num_running());
@@ -120,7 +120,7 @@ TEST(BatchGenerator, ThirtyTwoMixedSequencesEachEqualAlone) {
 // Each token arrives with the logits row it was chosen from: the logits after the prompt and the
 // tokens before it. Speculative steps emit several tokens per pass (each from its parent node's
 // row), so this checks the row bookkeeping of accepted paths too.
-TEST(BatchGenerator, TokenLogitsAreThoseOfEachPrefix) {
+TEST(EngineCore, TokenLogitsAreThoseOfEachPrefix) {
   auto engine = MakeEngine(2);
   ASSERT_TRUE(engine);
   const int32_t vocab = engine->model().config().vocab_size;
@@ -168,18 +168,18 @@ TEST(BatchGenerator, TokenLogitsAreThoseOfEachPrefix) {
   EXPECT_EQ(engine->kv().used_blocks(), 0);
 }
 
-TEST(BatchGenerator, AdmissionWaitsForKvRoom) {
+TEST(EngineCore, AdmissionWaitsForKvRoom) {
   auto engine = MakeEngine(1);
   ASSERT_TRUE(engine);
   // 24 blocks of 16 positions: room for one 200-token sequence (13 blocks) at a time.
   KvCacheManager kv(24, engine->kv().block_size());
-  BatchGenerator batch(engine->runner(), kv, BatchOptions{});
+  EngineCore batch(engine->runner(), kv, BatchOptions{});
   GenerateRequest req;
   req.prompt_tokens = *engine->EncodePrompt("Once upon a time");
   req.max_new_tokens = 200;
   Outcome a, b;
-  ASSERT_EQ(AddTo(batch, req, a), BatchGenerator::Admission::kAdmitted);
-  EXPECT_EQ(AddTo(batch, req, b), BatchGenerator::Admission::kNoRoom);
+  ASSERT_EQ(AddTo(batch, req, a), EngineCore::Admission::kAdmitted);
+  EXPECT_EQ(AddTo(batch, req, b), EngineCore::Admission::kNoRoom);
   EXPECT_FALSE(b.done.has_value());
   // One that could never fit is refused outright.
   GenerateRequest huge = req;
@@ -189,19 +189,19 @@ TEST(BatchGenerator, AdmissionWaitsForKvRoom) {
   EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
   while (!a.done) batch.Step();
   ASSERT_TRUE(a.done->ok());
-  ASSERT_EQ(AddTo(batch, req, b), BatchGenerator::Admission::kAdmitted);
+  ASSERT_EQ(AddTo(batch, req, b), EngineCore::Admission::kAdmitted);
   while (!b.done) batch.Step();
   ASSERT_TRUE(b.done->ok());
   EXPECT_EQ((*b.done)->tokens, (*a.done)->tokens);
   EXPECT_EQ(kv.used_blocks(), 0);
 }
 
-TEST(BatchGenerator, CancelPollEndsASequenceStillInPrefill) {
+TEST(EngineCore, CancelPollEndsASequenceStillInPrefill) {
   auto engine = MakeEngine(2);
   ASSERT_TRUE(engine);
   BatchOptions o;
   o.max_batch_tokens = 8;  // a 100-token prompt takes many passes
-  BatchGenerator batch(engine->runner(), engine->kv(), o);
+  EngineCore batch(engine->runner(), engine->kv(), o);
   GenerateRequest req;
   for (int i = 0; i < 100; ++i) req.prompt_tokens.push_back(1 + (i * 37) % 500);
   req.max_new_tokens = 10;
@@ -247,11 +247,11 @@ class FailingRunner final : public ModelRunner {
   int calls_ = 0;
 };
 
-TEST(BatchGenerator, AFailedPassFailsItsSequencesAndServingGoesOn) {
+TEST(EngineCore, AFailedPassFailsItsSequencesAndServingGoesOn) {
   auto engine = MakeEngine(4);
   ASSERT_TRUE(engine);
   FailingRunner runner(engine->runner(), /*fail_at=*/3);
-  BatchGenerator batch(runner, engine->kv(), BatchOptions{});
+  EngineCore batch(runner, engine->kv(), BatchOptions{});
   GenerateRequest req;
   req.prompt_tokens = *engine->EncodePrompt("Once upon a time");
   req.max_new_tokens = 20;
@@ -268,16 +268,16 @@ TEST(BatchGenerator, AFailedPassFailsItsSequencesAndServingGoesOn) {
   EXPECT_NE(a.done->status().message().find("injected"), std::string::npos);
   EXPECT_EQ(b.done->status().code(), StatusCode::kInternal);
   EXPECT_EQ(engine->kv().used_blocks(), 0);
-  ASSERT_EQ(AddTo(batch, req, c), BatchGenerator::Admission::kAdmitted);
+  ASSERT_EQ(AddTo(batch, req, c), EngineCore::Admission::kAdmitted);
   while (!c.done) batch.Step();
   ASSERT_TRUE(c.done->ok()) << c.done->status().ToString();
   EXPECT_EQ((*c.done)->tokens, want->tokens);
 }
 
-TEST(BatchGenerator, InvalidRequestIsRefusedAtAdd) {
+TEST(EngineCore, InvalidRequestIsRefusedAtAdd) {
   auto engine = MakeEngine(1);
   ASSERT_TRUE(engine);
-  BatchGenerator batch(engine->runner(), engine->kv(), BatchOptions{});
+  EngineCore batch(engine->runner(), engine->kv(), BatchOptions{});
   GenerateRequest req;
   req.prompt_tokens = {1, 99999};
   auto a = batch.Add(req, nullptr, nullptr);

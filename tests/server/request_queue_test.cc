@@ -1,6 +1,6 @@
-// The request scheduler (FIFO worker over the Engine, bounded queue, cancellation, failure
-// isolation) and the CompletionService checks in front of it, on stories260K.
-#include "server/scheduler.h"
+// The request queue (FIFO worker over the Engine, bounded queue, cancellation, failure isolation)
+// with its output processor, and the CompletionService checks in front of it, on stories260K.
+#include "server/request_queue.h"
 
 #include <gtest/gtest.h>
 
@@ -68,25 +68,25 @@ std::optional<StreamEvent> First(ResponseStream& s) {
   return std::nullopt;
 }
 
-class SchedulerTest : public ::testing::Test {
+class RequestQueueTest : public ::testing::Test {
  protected:
   void SetUp() override {
     engine_ = testing::Stories260KEngine();
     ASSERT_TRUE(engine_);
   }
   // max_running = 1: one sequence at a time, the others wait in FIFO order.
-  std::unique_ptr<Scheduler> Make(int32_t max_queue = 16, int32_t max_running = 1) {
-    SchedulerOptions o;
+  std::unique_ptr<RequestQueue> Make(int32_t max_queue = 16, int32_t max_running = 1) {
+    RequestQueueOptions o;
     o.max_queue = max_queue;
     o.batch.max_sequences = max_running;
-    return std::make_unique<Scheduler>(*engine_, metrics_, o);
+    return std::make_unique<RequestQueue>(*engine_, metrics_, o);
   }
 
   std::unique_ptr<Engine> engine_;
   ServerMetrics metrics_;
 };
 
-TEST_F(SchedulerTest, StreamsExactlyWhatEngineGenerateProduces) {
+TEST_F(RequestQueueTest, StreamsExactlyWhatEngineGenerateProduces) {
   // Reference first, on the engine alone.
   SequenceJob job = Job(*engine_, "Once upon a time", 50, 0.8f, 11);
   auto ref = engine_->Generate(job.generate);
@@ -97,8 +97,8 @@ TEST_F(SchedulerTest, StreamsExactlyWhatEngineGenerateProduces) {
   for (int32_t t : ref->tokens) ref_text += text.Push(t);
   ref_text += text.Finish();
 
-  auto sched = Make();
-  auto stream = sched->Submit({job});
+  auto queue = Make();
+  auto stream = queue->Submit({job});
   ASSERT_TRUE(stream.ok()) << stream.status().ToString();
   Collected c = Drain(**stream);
   EXPECT_EQ(c.tokens, ref->tokens);
@@ -108,38 +108,38 @@ TEST_F(SchedulerTest, StreamsExactlyWhatEngineGenerateProduces) {
   EXPECT_EQ(c.finals[0].finish_reason, ref->finish_reason);
   EXPECT_EQ(c.finals[0].completion_tokens, static_cast<int32_t>(ref->tokens.size()));
   EXPECT_EQ(c.finals[0].prompt_tokens, static_cast<int32_t>(job.generate.prompt_tokens.size()));
-  EXPECT_EQ(sched->gauges().kv_blocks_used, 0);
+  EXPECT_EQ(queue->gauges().kv_blocks_used, 0);
   EXPECT_EQ(metrics_.ttft_count(), 1u);
 }
 
-TEST_F(SchedulerTest, AdmitsInFifoOrderWhenTheBatchIsFull) {
-  auto sched = Make();
-  auto a = sched->Submit({LongJob(*engine_, "First")});
-  auto b = sched->Submit({LongJob(*engine_, "Second")});
-  auto c = sched->Submit({Job(*engine_, "Third", 5)});
+TEST_F(RequestQueueTest, AdmitsInFifoOrderWhenTheBatchIsFull) {
+  auto queue = Make();
+  auto a = queue->Submit({LongJob(*engine_, "First")});
+  auto b = queue->Submit({LongJob(*engine_, "Second")});
+  auto c = queue->Submit({Job(*engine_, "Third", 5)});
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
   ASSERT_TRUE(First(**a));
   // While a runs, b and c wait untouched.
   EXPECT_FALSE((*b)->Next(0ms));
   EXPECT_FALSE((*c)->Next(0ms));
-  EXPECT_EQ(sched->gauges().queued, 2);
-  EXPECT_EQ(sched->gauges().running, 1);
+  EXPECT_EQ(queue->gauges().queued, 2);
+  EXPECT_EQ(queue->gauges().running, 1);
   Collected ca = Drain(**a);
   EXPECT_EQ(ca.tokens.size() + 1, 450u);  // + the first event's token
   // Then b, while c still waits.
   ASSERT_TRUE(First(**b));
   EXPECT_FALSE((*c)->Next(0ms));
-  EXPECT_EQ(sched->gauges().queued, 1);
+  EXPECT_EQ(queue->gauges().queued, 1);
   Drain(**b);
   Collected cc = Drain(**c);
   ASSERT_EQ(cc.finals.size(), 1u);
   EXPECT_EQ(cc.finals[0].completion_tokens, 5);
-  EXPECT_EQ(sched->gauges().queued, 0);
+  EXPECT_EQ(queue->gauges().queued, 0);
 }
 
 // Continuous batching: sequences submitted one after the other run side by side (a short one
 // finishes while a long one goes on), and each streams exactly what it produces alone.
-TEST_F(SchedulerTest, RunsSequencesSideBySide) {
+TEST_F(RequestQueueTest, RunsSequencesSideBySide) {
   std::vector<SequenceJob> jobs = {LongJob(*engine_, "Once upon a time", 300),
                                    Job(*engine_, "The cat", 20, 0.9f, 5),
                                    Job(*engine_, "Lily and Ben went to the park", 40),
@@ -150,17 +150,17 @@ TEST_F(SchedulerTest, RunsSequencesSideBySide) {
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     alone.push_back(r->tokens);
   }
-  auto sched = Make(/*max_queue=*/16, /*max_running=*/4);
+  auto queue = Make(/*max_queue=*/16, /*max_running=*/4);
   std::vector<std::shared_ptr<ResponseStream>> streams;
   for (const SequenceJob& j : jobs) {
-    auto s = sched->Submit({j});
+    auto s = queue->Submit({j});
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     streams.push_back(*s);
   }
   // The long one is still running when the short ones are done: they did not wait for it.
   Collected c1 = Drain(*streams[1]);
   EXPECT_FALSE(streams[0]->finished());
-  EXPECT_GE(sched->gauges().running, 1);
+  EXPECT_GE(queue->gauges().running, 1);
   std::vector<Collected> got(jobs.size());
   got[1] = c1;
   for (size_t i : {0u, 2u, 3u}) got[i] = Drain(*streams[i]);
@@ -169,46 +169,46 @@ TEST_F(SchedulerTest, RunsSequencesSideBySide) {
     ASSERT_EQ(got[i].finals.size(), 1u);
     EXPECT_EQ(got[i].finals[0].type, StreamEvent::Type::kFinished);
   }
-  EXPECT_EQ(sched->gauges().running, 0);
-  EXPECT_EQ(sched->gauges().kv_blocks_used, 0);
+  EXPECT_EQ(queue->gauges().running, 0);
+  EXPECT_EQ(queue->gauges().kv_blocks_used, 0);
 }
 
-TEST_F(SchedulerTest, FullQueueRefusesWholeRequests) {
-  auto sched = Make(/*max_queue=*/2);
-  auto running = sched->Submit({LongJob(*engine_, "Running")});
+TEST_F(RequestQueueTest, FullQueueRefusesWholeRequests) {
+  auto queue = Make(/*max_queue=*/2);
+  auto running = queue->Submit({LongJob(*engine_, "Running")});
   ASSERT_TRUE(running.ok());
   ASSERT_TRUE(First(**running));  // the worker took it: the queue is empty again
-  auto q1 = sched->Submit({Job(*engine_, "q1", 10)});
+  auto q1 = queue->Submit({Job(*engine_, "q1", 10)});
   ASSERT_TRUE(q1.ok());
   // Two more sequences do not fit in the one slot left: refused whole, nothing queued.
-  auto two = sched->Submit({Job(*engine_, "x", 10), Job(*engine_, "y", 10)});
+  auto two = queue->Submit({Job(*engine_, "x", 10), Job(*engine_, "y", 10)});
   ASSERT_FALSE(two.ok());
   EXPECT_EQ(two.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(two.status().message().find("busy"), std::string::npos);
-  EXPECT_EQ(sched->gauges().queued, 1);
-  auto q2 = sched->Submit({Job(*engine_, "q2", 10)});
+  EXPECT_EQ(queue->gauges().queued, 1);
+  auto q2 = queue->Submit({Job(*engine_, "q2", 10)});
   ASSERT_TRUE(q2.ok());
-  auto q3 = sched->Submit({Job(*engine_, "q3", 10)});
+  auto q3 = queue->Submit({Job(*engine_, "q3", 10)});
   ASSERT_FALSE(q3.ok());
   EXPECT_EQ(q3.status().code(), StatusCode::kUnavailable);
-  EXPECT_EQ(sched->gauges().queued, 2);
-  sched->Cancel(*running);
+  EXPECT_EQ(queue->gauges().queued, 2);
+  queue->Cancel(*running);
   Drain(**running);
   Drain(**q1);
   Drain(**q2);
-  EXPECT_FALSE(sched->Submit({}).ok());
+  EXPECT_FALSE(queue->Submit({}).ok());
 }
 
-TEST_F(SchedulerTest, CancellingQueuedSequencesDropsThemAtOnce) {
-  auto sched = Make();
-  auto running = sched->Submit({LongJob(*engine_, "Running")});
+TEST_F(RequestQueueTest, CancellingQueuedSequencesDropsThemAtOnce) {
+  auto queue = Make();
+  auto running = queue->Submit({LongJob(*engine_, "Running")});
   ASSERT_TRUE(running.ok());
   ASSERT_TRUE(First(**running));
-  auto queued = sched->Submit({Job(*engine_, "q", 10), Job(*engine_, "r", 10)});
+  auto queued = queue->Submit({Job(*engine_, "q", 10), Job(*engine_, "r", 10)});
   ASSERT_TRUE(queued.ok());
-  EXPECT_EQ(sched->gauges().queued, 2);
-  sched->Cancel(*queued);
-  EXPECT_EQ(sched->gauges().queued, 0);  // removed now, not when the worker gets there
+  EXPECT_EQ(queue->gauges().queued, 2);
+  queue->Cancel(*queued);
+  EXPECT_EQ(queue->gauges().queued, 0);  // removed now, not when the worker gets there
   Collected q = Drain(**queued, 1s);
   ASSERT_EQ(q.finals.size(), 2u);
   for (const StreamEvent& f : q.finals) {
@@ -216,32 +216,32 @@ TEST_F(SchedulerTest, CancellingQueuedSequencesDropsThemAtOnce) {
     EXPECT_EQ(f.finish_reason, FinishReason::kCancelled);
   }
   EXPECT_TRUE(q.tokens.empty());
-  sched->Cancel(*running);
+  queue->Cancel(*running);
   Drain(**running);
 }
 
-TEST_F(SchedulerTest, CancellingTheRunningSequenceStopsItAndFreesItsKv) {
-  auto sched = Make();
-  auto s = sched->Submit({LongJob(*engine_, "Once upon a time")});
+TEST_F(RequestQueueTest, CancellingTheRunningSequenceStopsItAndFreesItsKv) {
+  auto queue = Make();
+  auto s = queue->Submit({LongJob(*engine_, "Once upon a time")});
   ASSERT_TRUE(s.ok());
   ASSERT_TRUE(First(**s));
-  EXPECT_GT(sched->gauges().kv_blocks_used, 0);
-  sched->Cancel(*s);
+  EXPECT_GT(queue->gauges().kv_blocks_used, 0);
+  queue->Cancel(*s);
   Collected c = Drain(**s, 5s);
   ASSERT_EQ(c.finals.size(), 1u);
   EXPECT_EQ(c.finals[0].finish_reason, FinishReason::kCancelled);
   EXPECT_LT(c.finals[0].completion_tokens, 450);
   // The worker publishes the KV figure after the generator returned (and freed the sequence).
-  for (int i = 0; i < 100 && sched->gauges().running; ++i) std::this_thread::sleep_for(10ms);
-  EXPECT_EQ(sched->gauges().kv_blocks_used, 0);
+  for (int i = 0; i < 100 && queue->gauges().running; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(queue->gauges().kv_blocks_used, 0);
   EXPECT_EQ(engine_->kv().used_blocks(), 0);
   // The next request is served normally.
-  auto next = sched->Submit({Job(*engine_, "Next", 5)});
+  auto next = queue->Submit({Job(*engine_, "Next", 5)});
   ASSERT_TRUE(next.ok());
   EXPECT_EQ(Drain(**next).finals[0].completion_tokens, 5);
 }
 
-TEST_F(SchedulerTest, StopStringEndsGenerationAtTheCompletingToken) {
+TEST_F(RequestQueueTest, StopStringEndsGenerationAtTheCompletingToken) {
   SequenceJob job = Job(*engine_, "Once upon a time", 80);
   auto ref = engine_->Generate(job.generate);
   ASSERT_TRUE(ref.ok());
@@ -253,8 +253,8 @@ TEST_F(SchedulerTest, StopStringEndsGenerationAtTheCompletingToken) {
   ASSERT_NE(pos, std::string::npos) << text;
 
   job.stop_strings = {" park", "never appears"};
-  auto sched = Make();
-  auto s = sched->Submit({job});
+  auto queue = Make();
+  auto s = queue->Submit({job});
   ASSERT_TRUE(s.ok());
   Collected c = Drain(**s);
   EXPECT_EQ(c.text, text.substr(0, pos));
@@ -272,12 +272,12 @@ TEST_F(SchedulerTest, StopStringEndsGenerationAtTheCompletingToken) {
   EXPECT_EQ(c.tokens.size(), n);
 }
 
-TEST_F(SchedulerTest, AFailingSequenceDoesNotAffectOthers) {
-  auto sched = Make();
+TEST_F(RequestQueueTest, AFailingSequenceDoesNotAffectOthers) {
+  auto queue = Make();
   SequenceJob bad = Job(*engine_, "x", 5);
   bad.generate.prompt_tokens = {1, 999999};  // outside the vocabulary: the generator refuses it
-  auto a = sched->Submit({bad});
-  auto b = sched->Submit({Job(*engine_, "Fine", 7)});
+  auto a = queue->Submit({bad});
+  auto b = queue->Submit({Job(*engine_, "Fine", 7)});
   ASSERT_TRUE(a.ok() && b.ok());
   Collected ca = Drain(**a);
   ASSERT_EQ(ca.finals.size(), 1u);
@@ -289,11 +289,11 @@ TEST_F(SchedulerTest, AFailingSequenceDoesNotAffectOthers) {
   EXPECT_EQ(cb.finals[0].completion_tokens, 7);
 }
 
-TEST_F(SchedulerTest, LogprobsAccompanyEveryToken) {
-  auto sched = Make();
+TEST_F(RequestQueueTest, LogprobsAccompanyEveryToken) {
+  auto queue = Make();
   SequenceJob job = Job(*engine_, "Lily", 20, 1.0f, 5);
   job.top_logprobs = 3;
-  auto s = sched->Submit({job});
+  auto s = queue->Submit({job});
   ASSERT_TRUE(s.ok());
   size_t deltas = 0;
   while (!(*s)->finished()) {
@@ -311,14 +311,14 @@ TEST_F(SchedulerTest, LogprobsAccompanyEveryToken) {
   EXPECT_EQ(engine_->kv().used_blocks(), 0);
 }
 
-TEST_F(SchedulerTest, ShutdownFailsQueuedAndCancelsRunning) {
-  auto sched = Make();
-  auto running = sched->Submit({LongJob(*engine_, "Running")});
+TEST_F(RequestQueueTest, ShutdownFailsQueuedAndCancelsRunning) {
+  auto queue = Make();
+  auto running = queue->Submit({LongJob(*engine_, "Running")});
   ASSERT_TRUE(running.ok());
   ASSERT_TRUE(First(**running));
-  auto queued = sched->Submit({Job(*engine_, "Queued", 10)});
+  auto queued = queue->Submit({Job(*engine_, "Queued", 10)});
   ASSERT_TRUE(queued.ok());
-  sched->Shutdown();
+  queue->Shutdown();
   Collected q = Drain(**queued, 1s);
   ASSERT_EQ(q.finals.size(), 1u);
   EXPECT_EQ(q.finals[0].type, StreamEvent::Type::kError);
@@ -326,29 +326,29 @@ TEST_F(SchedulerTest, ShutdownFailsQueuedAndCancelsRunning) {
   Collected r = Drain(**running, 1s);
   ASSERT_EQ(r.finals.size(), 1u);
   EXPECT_EQ(r.finals[0].finish_reason, FinishReason::kCancelled);
-  auto late = sched->Submit({Job(*engine_, "late", 1)});
+  auto late = queue->Submit({Job(*engine_, "late", 1)});
   EXPECT_EQ(late.status().code(), StatusCode::kUnavailable);
-  sched->Shutdown();  // idempotent
+  queue->Shutdown();  // idempotent
 }
 
 // ---- CompletionService::Prepare ----------------------------------------------------------------
 
-class CompletionServiceTest : public SchedulerTest {
+class CompletionServiceTest : public RequestQueueTest {
  protected:
   void SetUp() override {
-    SchedulerTest::SetUp();
-    sched_ = Make();
+    RequestQueueTest::SetUp();
+    queue_ = Make();
     ServiceOptions o;
     o.served_model_name = "tiny";
     o.chat_template = "chatml";
-    service_ = std::make_unique<CompletionService>(*sched_, metrics_, o);
+    service_ = std::make_unique<CompletionService>(*queue_, metrics_, o);
   }
   CompletionRequest Text(const std::string& prompt) {
     CompletionRequest r;
     r.prompts.push_back(PromptInput{false, prompt, {}});
     return r;
   }
-  std::unique_ptr<Scheduler> sched_;
+  std::unique_ptr<RequestQueue> queue_;
   std::unique_ptr<CompletionService> service_;
 };
 

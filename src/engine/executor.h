@@ -1,0 +1,54 @@
+// The engine core's executor: runs one step's ForwardBatch, planned by the core scheduler
+// (engine/core_scheduler.h), on the ModelRunner and hands each member sequence its logits rows.
+//
+//   ForwardBatch + each member's rows ──Run──> ModelRunner::Forward ──> PassOutput
+//                                                                       (status, seconds,
+//                                                                        rows per member)
+//
+// The logits buffer ([batch.logit_rows.size(), vocab]) is the executor's and is reused from pass
+// to pass; the rows it hands out stay valid until the next Run. An error or exception in the pass
+// becomes PassOutput::status (logged), for the scheduler to fail the pass's sequences.
+//
+// Thread safety: one thread at a time (the owner of the runner and the KV cache).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "backend/backend.h"
+#include "kv/kv_cache.h"
+
+namespace specinfer {
+
+// One member sequence's logits rows in a pass: rows [first, first + count) of the batch's
+// logit_rows (count 0 for a prefill chunk, which reads none).
+struct LogitsRows {
+  int32_t first = 0;
+  int32_t count = 0;
+};
+
+struct PassOutput {
+  Status status;       // of the pass; on an error `rows` is empty
+  double seconds = 0;  // wall time of the pass
+  std::vector<std::span<const float>> rows;  // per member, in order: [count, vocab]
+};
+
+class Executor {
+ public:
+  // `runner` and `kv` must outlive the executor.
+  Executor(ModelRunner& runner, KvCacheManager& kv) : runner_(runner), kv_(kv) {}
+
+  // Runs `batch`; `members` gives each member sequence's rows, in the order PassOutput::rows
+  // keeps.
+  PassOutput Run(const ForwardBatch& batch, std::span<const LogitsRows> members);
+
+  ModelRunner& runner() { return runner_; }
+
+ private:
+  ModelRunner& runner_;
+  KvCacheManager& kv_;
+  std::vector<float> logits_;  // [batch.logit_rows.size(), vocab] of the last pass
+};
+
+}  // namespace specinfer

@@ -1,0 +1,140 @@
+#include "engine/speculative_step.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <utility>
+
+#include "spec/verifier.h"
+
+namespace specinfer {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+}  // namespace
+
+SpeculativeStep::SpeculativeStep(KvCacheManager& kv, SeqId seq, SpeculationStats& stats)
+    : kv_(kv), seq_(seq), stats_(stats) {}
+
+Status SpeculativeStep::OpenSessions(std::span<Speculator* const> speculators) {
+  for (Speculator* s : speculators) {
+    auto session = s->StartSession();
+    if (!session.ok()) {
+      if (session.status().code() != StatusCode::kResourceExhausted) return session.status();
+      spdlog::debug("speculator {} has no room for another sequence; this one goes without it",
+                    s->name());
+      continue;
+    }
+    sessions_.push_back(std::move(*session));
+    stats_.speculator_names.push_back(s->name());
+  }
+  stats_.proposed_by.assign(sessions_.size(), 0);
+  stats_.accepted_by.assign(sessions_.size(), 0);
+  return Status::Ok();
+}
+
+void SpeculativeStep::BeginDraft(DraftContext ctx) {
+  for (size_t s = 0; s < sessions_.size(); ++s) {
+    ctx.speculator_index = static_cast<int32_t>(s);
+    sessions_[s]->Begin(ctx);
+  }
+}
+
+StatusOr<int32_t> SpeculativeStep::Plan(int32_t root, const DraftContext* ctx, int32_t committed,
+                                        ForwardBatch& batch) {
+  // --- draft ---
+  const auto d0 = Clock::now();
+  tree_ = TokenTree(root);
+  if (ctx != nullptr) {
+    DraftContext c = *ctx;
+    for (size_t s = 0; s < sessions_.size(); ++s) {
+      c.speculator_index = static_cast<int32_t>(s);
+      SI_ASSIGN_OR_RETURN(TokenTree t, sessions_[s]->Propose(c));
+      SI_RETURN_IF_ERROR(tree_.Merge(std::move(t)));
+    }
+  }
+  stats_.draft_seconds += Seconds(d0, Clock::now());
+
+  // --- the tree, laid out depth-first after the committed entries ---
+  committed_ = committed;
+  const int32_t size = tree_.size();
+  tree_.DepthFirstLayout(&order_, &parents_);
+  layout_of_.assign(static_cast<size_t>(size), 0);
+  std::vector<int32_t> toks(static_cast<size_t>(size)), pos(static_cast<size_t>(size));
+  for (int32_t i = 0; i < size; ++i) {
+    const TreeNode& n = tree_.node(order_[i]);
+    toks[i] = n.token;
+    pos[i] = committed_ + n.depth;  // rotary position by depth, not layout
+    layout_of_[order_[i]] = i;
+  }
+  mask_ = TreeMask::FromParents(parents_);
+  SI_RETURN_IF_ERROR(kv_.Reserve(seq_, committed_ + size));
+  const int32_t token_begin = batch.size();
+  batch.AddSequence(seq_, toks, pos, committed_, size > 1 ? &mask_ : nullptr);
+  // Logits in node order, which is what the verifier reads.
+  for (int32_t v = 0; v < size; ++v) batch.logit_rows.push_back(token_begin + layout_of_[v]);
+  return size;
+}
+
+StatusOr<SpeculativeStep::Outcome> SpeculativeStep::Verify(std::span<const float> logits,
+                                                           int32_t vocab,
+                                                           const SamplingParams& sampling,
+                                                           Rng& rng, ModelRunner& runner) {
+  const auto c0 = Clock::now();
+  const int32_t size = tree_.size();
+  if (logits.size() < static_cast<size_t>(size) * vocab)
+    return InternalError("pass returned fewer logits rows than the tree has nodes");
+  logits = logits.first(static_cast<size_t>(size) * vocab);
+  const VerifyOutcome verified = specinfer::Verify(tree_, logits, vocab, sampling, rng);
+
+  // --- compact: keep the root's and the accepted path's entries; drop the rest ---
+  const int32_t accepted = static_cast<int32_t>(verified.accepted.size());
+  std::vector<int32_t> src, dst;
+  for (int32_t i = 0; i < accepted; ++i) {
+    src.push_back(committed_ + layout_of_[verified.accepted[i]]);
+    dst.push_back(committed_ + 1 + i);
+  }
+  SI_RETURN_IF_ERROR(runner.MoveKv(kv_, seq_, src, dst));
+  Outcome out;
+  out.committed = committed_ + 1 + accepted;
+  kv_.Truncate(seq_, out.committed);
+  stats_.verify_seconds += Seconds(c0, Clock::now());
+  Record(verified.accepted);
+
+  // The accepted tokens, then the LLM's own. Token i was chosen from the logits of its parent:
+  // the root for the first, the previous accepted node after that.
+  auto row = [&](int32_t node) {
+    return logits.subspan(static_cast<size_t>(node) * vocab, static_cast<size_t>(vocab));
+  };
+  int32_t parent = 0;  // node index
+  for (int32_t v : verified.accepted) {
+    out.tokens.push_back(Chosen{tree_.node(v).token, row(parent)});
+    parent = v;
+  }
+  out.tokens.push_back(Chosen{verified.next_token, row(parent)});
+  return out;
+}
+
+void SpeculativeStep::Record(std::span<const int32_t> accepted) {
+  const int32_t size = tree_.size();
+  stats_.tree_nodes += size - 1;
+  stats_.accepted_tokens += static_cast<int64_t>(accepted.size());
+  if (stats_.proposed_at_depth.size() < static_cast<size_t>(tree_.max_depth())) {
+    stats_.proposed_at_depth.resize(tree_.max_depth(), 0);
+    stats_.accepted_at_depth.resize(tree_.max_depth(), 0);
+  }
+  for (int32_t d = 0; d < tree_.max_depth(); ++d) ++stats_.proposed_at_depth[d];
+  for (size_t d = 0; d < accepted.size(); ++d) ++stats_.accepted_at_depth[d];
+  const size_t num_spec = sessions_.size();
+  for (int32_t v = 1; v < size; ++v)
+    for (size_t s = 0; s < num_spec; ++s)
+      if ((tree_.node(v).proposers >> s) & 1) ++stats_.proposed_by[s];
+  for (int32_t v : accepted)
+    for (size_t s = 0; s < num_spec; ++s)
+      if ((tree_.node(v).proposers >> s) & 1) ++stats_.accepted_by[s];
+}
+
+}  // namespace specinfer

@@ -1,0 +1,87 @@
+// One decoding step of one sequence as SpecInfer does it (§3-4): from "the last chosen token" to
+// "the tokens to emit", in four stages around the LLM pass that the engine core runs:
+//
+//   Plan     Draft   the speculators' proposals, merged into one token tree rooted at the last
+//                    token (the root alone without speculators: that is incremental decoding);
+//            Layout  the tree laid out depth-first after the sequence's committed KV entries,
+//                    with the topology-aware mask and rotary positions by depth, added to the
+//                    pass's ForwardBatch with its logits rows in node order;
+//   ── the LLM pass (engine/executor.h) ──
+//   Verify   Verify  the verifier (spec/verifier.h) picks the accepted path and the LLM's next
+//                    token from the tree's logits rows ([tree size, vocab], node order);
+//            Compact the accepted path's KV entries move next to the committed ones
+//                    (ModelRunner::MoveKv), the rest are dropped.
+//
+// It owns the speculators' draft sessions and the tree in flight between Plan and Verify, and
+// records what speculation did in the sequence's SpeculationStats. The sequence's own state
+// (context, committed KV length, sampling RNG, result) stays in Sequence (engine/sequence.h),
+// which drives it and emits the tokens.
+//
+// Thread safety: used by one thread at a time (the owner of the runner and KV cache).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/generation.h"
+#include "kv/kv_cache.h"
+#include "spec/speculator.h"
+#include "spec/token_tree.h"
+
+namespace specinfer {
+
+class SpeculativeStep {
+ public:
+  // For sequence `seq` of `kv`; `stats` (which must outlive it) receives the statistics.
+  SpeculativeStep(KvCacheManager& kv, SeqId seq, SpeculationStats& stats);
+
+  // Opens a draft session on each of `speculators`, in order; one without room for another
+  // sequence (ResourceExhausted) is left out, any other error is returned. Names the ones kept
+  // in the statistics.
+  Status OpenSessions(std::span<Speculator* const> speculators);
+  bool has_sessions() const { return !sessions_.empty(); }
+
+  // Lets sessions that draft in the background (DraftSession::Begin) start on `ctx` now, so that
+  // a batch's drafts overlap; Plan with the same context collects them.
+  void BeginDraft(DraftContext ctx);
+
+  // Drafts the tree rooted at `root` (with `ctx`; null: the root alone), reserves its KV entries
+  // after the `committed` ones, and adds it to `batch` with its logits rows in node order.
+  // Returns the tree's size (>= 1), which is the number of logits rows it added.
+  StatusOr<int32_t> Plan(int32_t root, const DraftContext* ctx, int32_t committed,
+                         ForwardBatch& batch);
+
+  // A token to emit and the logits row it was chosen from (a row of Verify's `logits`).
+  struct Chosen {
+    int32_t token;
+    std::span<const float> logits;  // [vocab]
+  };
+  struct Outcome {
+    std::vector<Chosen> tokens;  // the accepted path's tokens, then the LLM's own
+    int32_t committed = 0;       // committed KV entries after the step
+  };
+  // After the pass: `logits` is the tree's rows ([tree size, vocab], node order). Verifies with
+  // `sampling` and `rng`, compacts the accepted path's KV entries on `runner` and drops the rest.
+  StatusOr<Outcome> Verify(std::span<const float> logits, int32_t vocab,
+                           const SamplingParams& sampling, Rng& rng, ModelRunner& runner);
+
+ private:
+  // Counts one verified tree whose accepted nodes (root excluded) are `accepted`.
+  void Record(std::span<const int32_t> accepted);
+
+  KvCacheManager& kv_;
+  const SeqId seq_;
+  SpeculationStats& stats_;
+  std::vector<std::unique_ptr<DraftSession>> sessions_;  // in the request's order
+
+  // The tree in flight between Plan and Verify.
+  TokenTree tree_{0};
+  TreeMask mask_;
+  std::vector<int32_t> order_, parents_, layout_of_;
+  int32_t committed_ = 0;  // committed KV entries when it was planned
+};
+
+}  // namespace specinfer
