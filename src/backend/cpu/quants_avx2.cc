@@ -210,6 +210,24 @@ SI_AVX2_INLINE void StepQ8(const BW& a, const BX& b, __m256& acc) {
   acc = _mm256_fmadd_ps(d, MulSumI8I8(Load32(a.qs), Load32(b.qs)), acc);
 }
 
+// The block loop of the dot products without an offset term: two independent accumulators, so
+// consecutive blocks' FMAs overlap; an odd last block goes to the first. Every caller's
+// summation order is exactly this one (the results are bit-checked against the scalar kernels).
+template <typename BW, typename BX, void (*Step)(const BW&, const BX&, __m256&)>
+SI_AVX2_INLINE float DotBlocks(int64_t n, const void* w, const void* x) {
+  const BW* a = static_cast<const BW*>(w);
+  const BX* b = static_cast<const BX*>(x);
+  const int64_t nb = n / kQK;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    Step(a[i], b[i], acc0);
+    Step(a[i + 1], b[i + 1], acc1);
+  }
+  if (i < nb) Step(a[i], b[i], acc0);
+  return Hsum(_mm256_add_ps(acc0, acc1));
+}
+
 }  // namespace
 
 // ---- to_float ----
@@ -419,17 +437,7 @@ SI_AVX2 float VecDotBF16F32(int64_t n, const void* w, const void* x) {
 // The block loops run two independent accumulators so consecutive blocks' FMAs overlap.
 
 SI_AVX2 float VecDotQ4_0Q8_0(int64_t n, const void* w, const void* x) {
-  const BlockQ4_0* a = static_cast<const BlockQ4_0*>(w);
-  const BlockQ8_0* b = static_cast<const BlockQ8_0*>(x);
-  const int64_t nb = n / kQK;
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 2 <= nb; i += 2) {
-    StepQ4_0(a[i], b[i], acc0);
-    StepQ4_0(a[i + 1], b[i + 1], acc1);
-  }
-  if (i < nb) StepQ4_0(a[i], b[i], acc0);
-  return Hsum(_mm256_add_ps(acc0, acc1));
+  return DotBlocks<BlockQ4_0, BlockQ8_0, StepQ4_0>(n, w, x);
 }
 
 SI_AVX2 float VecDotQ4_1Q8_1(int64_t n, const void* w, const void* x) {
@@ -618,17 +626,7 @@ SI_AVX2 void VecDotQ4_1Q8_1Multi(int64_t n, const void* w, const void* x, size_t
 }
 
 SI_AVX2 float VecDotQ5_0Q8_0(int64_t n, const void* w, const void* x) {
-  const BlockQ5_0* a = static_cast<const BlockQ5_0*>(w);
-  const BlockQ8_0* b = static_cast<const BlockQ8_0*>(x);
-  const int64_t nb = n / kQK;
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 2 <= nb; i += 2) {
-    StepQ5_0(a[i], b[i], acc0);
-    StepQ5_0(a[i + 1], b[i + 1], acc1);
-  }
-  if (i < nb) StepQ5_0(a[i], b[i], acc0);
-  return Hsum(_mm256_add_ps(acc0, acc1));
+  return DotBlocks<BlockQ5_0, BlockQ8_0, StepQ5_0>(n, w, x);
 }
 
 SI_AVX2 float VecDotQ5_1Q8_1(int64_t n, const void* w, const void* x) {
@@ -647,31 +645,11 @@ SI_AVX2 float VecDotQ5_1Q8_1(int64_t n, const void* w, const void* x) {
 }
 
 SI_AVX2 float VecDotQ8_0Q8_0(int64_t n, const void* w, const void* x) {
-  const BlockQ8_0* a = static_cast<const BlockQ8_0*>(w);
-  const BlockQ8_0* b = static_cast<const BlockQ8_0*>(x);
-  const int64_t nb = n / kQK;
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 2 <= nb; i += 2) {
-    StepQ8(a[i], b[i], acc0);
-    StepQ8(a[i + 1], b[i + 1], acc1);
-  }
-  if (i < nb) StepQ8(a[i], b[i], acc0);
-  return Hsum(_mm256_add_ps(acc0, acc1));
+  return DotBlocks<BlockQ8_0, BlockQ8_0, StepQ8<BlockQ8_0, BlockQ8_0>>(n, w, x);
 }
 
 SI_AVX2 float VecDotQ8_1Q8_1(int64_t n, const void* w, const void* x) {
-  const BlockQ8_1* a = static_cast<const BlockQ8_1*>(w);
-  const BlockQ8_1* b = static_cast<const BlockQ8_1*>(x);
-  const int64_t nb = n / kQK;
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 2 <= nb; i += 2) {
-    StepQ8(a[i], b[i], acc0);
-    StepQ8(a[i + 1], b[i + 1], acc1);
-  }
-  if (i < nb) StepQ8(a[i], b[i], acc0);
-  return Hsum(_mm256_add_ps(acc0, acc1));
+  return DotBlocks<BlockQ8_1, BlockQ8_1, StepQ8<BlockQ8_1, BlockQ8_1>>(n, w, x);
 }
 
 }  // namespace specinfer::cpu::avx2
