@@ -1,5 +1,7 @@
 #include "spec/verifier.h"
 
+#include <cmath>
+
 namespace specinfer {
 
 namespace {
@@ -8,15 +10,20 @@ std::span<const float> Row(std::span<const float> logits, int32_t vocab, int32_t
   return logits.subspan(static_cast<size_t>(v) * vocab, static_cast<size_t>(vocab));
 }
 
-// Divides p by its sum; returns false (leaving p alone) if nothing is left.
+// Divides p by its sum; returns false (leaving p alone) if nothing is left or the sum is not
+// finite. The scale stays in double: a residual of rounding noise (denormal differences p - q)
+// sums to far below 1 / FLT_MAX, where a float scale is inf and would turn p into inf and NaN.
 bool Normalise(std::vector<float>& p) {
   double sum = 0;
   for (float x : p) sum += x;
-  if (!(sum > 0)) return false;
-  const float inv = static_cast<float>(1.0 / sum);
-  for (float& x : p) x *= inv;
+  if (!(sum > 0) || !std::isfinite(sum)) return false;
+  const double inv = 1.0 / sum;
+  for (float& x : p) x = static_cast<float>(x * inv);
   return true;
 }
+
+// A recorded draft probability x could have been drawn with.
+bool ValidDraftProbability(float qx) { return qx > 0.0f && std::isfinite(qx); }
 
 }  // namespace
 
@@ -45,26 +52,38 @@ VerifyOutcome VerifyStochastic(const TokenTree& tree, std::span<const float> log
     int32_t accepted = -1;
     for (const DraftTrial& t : tree.node(v).trials) {
       const int32_t x = tree.node(t.child).token;
+      const float px = p[static_cast<size_t>(x)];
+      // p(x) = 0 (outside the LLM's top-k/top-p, or removed by an earlier trial) never accepts:
+      // Uniform() is >= 0, so neither comparison below can hold.
       if (t.dist < 0) {
         // Deterministic proposal: q is the point mass at x.
-        if (rng.Uniform() < p[static_cast<size_t>(x)]) {
+        if (rng.Uniform() < px) {
           accepted = t.child;
           break;
         }
         p[static_cast<size_t>(x)] = 0.0f;
-        Normalise(p);  // cannot be empty: the rejection had probability 1 - p(x) > 0
+        // Empty only if p was all on x up to rounding (and a rejection of ~0 probability
+        // happened): keep p, whose only token is x, rather than sample from nothing.
+        if (!Normalise(p)) p[static_cast<size_t>(x)] = px;
       } else {
         std::span<const float> q = tree.distribution(t.dist);
-        const float qx = q[static_cast<size_t>(x)], px = p[static_cast<size_t>(x)];
-        // q(x) > 0 for anything drawn from q; min(1, p/0) would be 1.
-        if (qx <= 0.0f || rng.Uniform() * qx < px) {
+        const float qx = q[static_cast<size_t>(x)];
+        // Anything drawn from q has 0 < q(x) < inf. A proposal recorded with q(x) = 0, inf or
+        // NaN was not drawn from q: p(x)/q(x) would be inf or NaN, and the residual update
+        // assumes a genuine draw. Skip the trial (rejected, p unchanged), which is as if it had
+        // never been proposed, so the token still has the LLM's distribution.
+        if (!ValidDraftProbability(qx)) continue;
+        if (rng.Uniform() * qx < px) {
           accepted = t.child;
           break;
         }
         before = p;
-        for (int32_t i = 0; i < vocab; ++i) p[i] = std::max(0.0f, p[i] - q[i]);
+        // q < 0 or NaN (a remote draft's garbage) counts as 0, so the residual stays inside
+        // p's support.
+        for (int32_t i = 0; i < vocab; ++i) p[i] = std::max(0.0f, p[i] - std::max(0.0f, q[i]));
         // Nothing left means p <= q everywhere, i.e. p == q up to rounding, where a rejection
-        // has probability ~0; keep p as it was rather than divide by zero.
+        // has probability ~0: fall back to the LLM's distribution at this node as the earlier
+        // trials left it (the LLM's own p at the first trial) rather than divide by zero.
         if (!Normalise(p)) p.swap(before);
       }
     }

@@ -35,7 +35,13 @@
 //     favours the draft's top tokens; here it is a deterministic proposal (q = delta_x);
 //   - residuals are over the whole vocabulary, never truncated to a top-N;
 //   - p and q are computed by the same function with the same temperature, top-k and top-p;
-//   - several speculators' proposals at one node are trials in turn, each with its own q.
+//   - several speculators' proposals at one node are trials in turn, each with its own q;
+//   - no token of probability zero is ever emitted: a token with p(x) = 0 is never accepted; a
+//     sampled proposal recorded with q(x) = 0 (or not finite) was not drawn from q, so its
+//     trial is skipped (rejected, p unchanged) rather than accepted with p(x)/0; a residual that
+//     is all zero (p == q up to rounding, a rejection of probability ~0) falls back to the LLM's
+//     distribution at that trial; residuals are normalised in double, as rounding noise sums
+//     below 1 / FLT_MAX.
 #pragma once
 
 #include <cstdint>

@@ -344,5 +344,138 @@ TEST(VerifyStochastic, NeverAcceptsATokenTheLlmCannotProduce) {
   }
 }
 
+// --- Never a token of probability zero (issue #18) ---
+
+// The LLM's probabilities at one row, as the verifier computes them.
+std::vector<float> LlmProbs(const std::vector<float>& row, const SamplingParams& params) {
+  std::vector<float> p;
+  ComputeProbs(row, params, p);
+  return p;
+}
+
+TEST(VerifyStochastic, AProposalRecordedWithZeroDraftProbabilityIsRejected) {
+  // Top-k 2 at the LLM leaves tokens 0 and 1; the draft "drew" 5 although its q(5) = 0 (and
+  // then 6 with q(6) = NaN, 7 with q(7) = inf). p(5)/q(5) must not become inf and accept.
+  const SamplingParams params = Temperature(1, 2);
+  std::vector<float> row = {3, 2, 1, 0, 0, 0.5f, 0, 0};
+  for (float bad : {0.0f, std::nanf(""), INFINITY}) {
+    TokenTree t(0);
+    std::vector<float> q = {0.5f, 0.5f, 0, 0, 0, 0, 0, 0};
+    q[5] = bad;
+    t.Propose(0, 5, 0, t.AddDistribution(q));
+    std::vector<float> logits = row;
+    logits.resize(2 * kVocab, 0.0f);
+    const std::vector<float> p = LlmProbs(row, params);
+    Rng rng(3);
+    for (int i = 0; i < 1000; ++i) {
+      const VerifyOutcome o = VerifyStochastic(t, logits, kVocab, params, rng);
+      ASSERT_TRUE(o.accepted.empty()) << "q(x) = " << bad;
+      ASSERT_GT(p[static_cast<size_t>(o.next_token)], 0.0f) << "q(x) = " << bad;
+    }
+  }
+}
+
+TEST(VerifyStochastic, AZeroDraftProbabilityTrialIsSkippedNotAccepted) {
+  // Without truncation p(5) > 0, so accepting would not emit p = 0, but it would be biased
+  // (accepted every time); the trial must be skipped and the token drawn from p: token 5 must
+  // come out at about p(5), not always.
+  const SamplingParams params = Temperature(1);
+  const std::vector<float> row = {3, 2, 1, 0, 0, 0.5f, 0, 0};
+  TokenTree t(0);
+  const int32_t n5 = t.Propose(0, 5, 0, t.AddDistribution(std::vector<float>(kVocab, 0.0f)));
+  std::vector<float> logits = row;
+  logits.resize(2 * kVocab, 0.0f);
+  const std::vector<float> p = LlmProbs(row, params);
+  Rng rng(4);
+  constexpr int kN = 20000;
+  int fives = 0;
+  for (int i = 0; i < kN; ++i) {
+    const VerifyOutcome o = VerifyStochastic(t, logits, kVocab, params, rng);
+    ASSERT_TRUE(o.accepted.empty() || o.accepted[0] != n5);
+    fives += o.next_token == 5;
+  }
+  const double sd = std::sqrt(kN * p[5] * (1 - p[5]));
+  EXPECT_NEAR(fives, kN * p[5], 5 * sd);
+}
+
+TEST(VerifyStochastic, AnAllZeroResidualFallsBackToTheLlmsDistribution) {
+  // q >= p everywhere and q(x) > p(x): a rejection leaves max(0, p - q) = 0 everywhere. The
+  // next token must come from the LLM's distribution (support {0, 1, 2} under top-k 3).
+  const SamplingParams params = Temperature(1, 3);
+  const std::vector<float> row = {2, 1, 0.5f, -1, -1, -1, -1, -1};
+  const std::vector<float> p = LlmProbs(row, params);
+  std::vector<float> q = p;
+  q[1] = 2 * p[1];  // proposals of 1 are rejected half of the time
+  TokenTree t(0);
+  t.Propose(0, 1, 0, t.AddDistribution(q));
+  std::vector<float> logits = row;
+  logits.resize(2 * kVocab, 0.0f);
+  Rng rng(5);
+  int drawn = 0;
+  for (int i = 0; i < 2000; ++i) {
+    const VerifyOutcome o = VerifyStochastic(t, logits, kVocab, params, rng);
+    if (!o.accepted.empty()) continue;
+    ++drawn;
+    ASSERT_GT(p[static_cast<size_t>(o.next_token)], 0.0f);
+  }
+  EXPECT_GT(drawn, 500);
+}
+
+TEST(VerifyStochastic, AResidualOfRoundingNoiseDoesNotBecomeNaN) {
+  // Top-k 3 keeps tokens 0, 1 and 2, where p(2) = e^-100 ~ 3.7e-44 is a denormal. The draft's q
+  // equals p except q(1) = 2 p(1) (so proposals of 1 can be rejected) and q(2) = 0: the residual
+  // is p(2) alone, all zero but for rounding noise; its sum is far below 1 / FLT_MAX, so a float
+  // normaliser is inf and p would become inf and NaN (0 * inf), and the draw garbage.
+  const SamplingParams params = Temperature(1, 3);
+  const std::vector<float> row = {100, 99, 0, -1000, -1000, -1000, -1000, -1000};
+  const std::vector<float> p = LlmProbs(row, params);
+  ASSERT_GT(p[2], 0.0f);
+  ASSERT_LT(p[2], 1e-40f);
+  std::vector<float> q = p;
+  q[1] = 2 * p[1];
+  q[2] = 0.0f;
+  TokenTree t(0);
+  t.Propose(0, 1, 0, t.AddDistribution(q));
+  std::vector<float> logits = row;
+  logits.resize(2 * kVocab, 0.0f);
+  Rng rng(6);
+  int drawn = 0;
+  for (int i = 0; i < 2000; ++i) {
+    const VerifyOutcome o = VerifyStochastic(t, logits, kVocab, params, rng);
+    if (!o.accepted.empty()) continue;
+    ++drawn;
+    ASSERT_GT(p[static_cast<size_t>(o.next_token)], 0.0f) << "token " << o.next_token;
+  }
+  EXPECT_GT(drawn, 100);
+}
+
+TEST(VerifyStochastic, TruncatedLlmNeverEmitsAZeroProbabilityToken) {
+  // Under top-k and top-p, proposals outside the LLM's kept set (deterministic and sampled,
+  // several per node, two levels deep) are never accepted and the LLM's own token is inside it.
+  const std::vector<float> row = {1.5f, 1.2f, 0.3f, 2.0f, -0.5f, 0.9f, 0.1f, -2.0f};
+  for (const SamplingParams& params : {Temperature(0.8f, 3), Temperature(1.2f, 0, 0.6f),
+                                       Temperature(1, 4, 0.7f)}) {
+    const std::vector<float> p = LlmProbs(row, params);
+    TokenTree t(0);
+    const int32_t qd = t.AddDistribution(std::vector<float>{0, 0, 0.25f, 0, 0.25f, 0, 0.25f,
+                                                            0.25f});
+    std::vector<int32_t> level1;
+    for (int32_t x = 0; x < kVocab; ++x) {
+      level1.push_back(x % 2 == 0 ? t.Propose(0, x, 0) : t.Propose(0, x, 1, qd));
+    }
+    for (int32_t c : level1) {
+      for (int32_t x = 0; x < kVocab; ++x) x % 3 == 0 ? t.Propose(c, x, 0) : t.Propose(c, x, 1, qd);
+    }
+    std::vector<float> logits;
+    for (int32_t v = 0; v < t.size(); ++v) logits.insert(logits.end(), row.begin(), row.end());
+    Rng rng(7);
+    for (int i = 0; i < 3000; ++i) {
+      const VerifyOutcome o = VerifyStochastic(t, logits, kVocab, params, rng);
+      for (int32_t v : o.accepted) ASSERT_GT(p[static_cast<size_t>(t.node(v).token)], 0.0f);
+      ASSERT_GT(p[static_cast<size_t>(o.next_token)], 0.0f);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace specinfer
