@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "proto/specinfer.grpc.pb.h"
+#include "server/api_key.h"
 #include "server/grpc_listen.h"
 #include "server/text_output.h"
 
@@ -144,7 +145,7 @@ class SpecInferService final : public v1::SpecInfer::Service {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                           "missing API key: send metadata 'authorization: Bearer KEY'");
     const std::string_view value(it->second.data(), it->second.size());
-    if (value != "Bearer " + api_key_)
+    if (!BearerKeyMatches(value, api_key_))
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "incorrect API key provided");
     return grpc::Status::OK;
   }

@@ -10,6 +10,7 @@
 #include <random>
 #include <thread>
 
+#include "server/api_key.h"
 #include "server/openai_api.h"
 
 namespace specinfer {
@@ -32,14 +33,6 @@ std::string NewId(const char* prefix) {
 }
 
 int64_t UnixNow() { return static_cast<int64_t>(std::time(nullptr)); }
-
-// Compares without an early exit, so the time taken says nothing about the key.
-bool ConstantTimeEquals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
 
 // The metrics label for a path: known routes as they are, anything else "other" (a scanner must
 // not create unbounded label values).
@@ -115,9 +108,7 @@ void HttpFrontend::Routes() {
     if (options.api_key.empty() || req.path.rfind("/v1/", 0) != 0)
       return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
-    const std::string_view prefix = "Bearer ";
-    if (auth.rfind(prefix, 0) == 0 &&
-        ConstantTimeEquals(std::string_view(auth).substr(prefix.size()), options.api_key))
+    if (BearerKeyMatches(auth, options.api_key))
       return httplib::Server::HandlerResponse::Unhandled;
     ApiError e{StatusCode::kUnauthenticated,
                auth.empty() ? "Missing API key: send 'Authorization: Bearer KEY'"

@@ -309,8 +309,25 @@ TEST(GrpcServerAuth, ApiKeyInMetadata) {
   req.set_text("hi");
   req.set_max_tokens(2);
   EXPECT_EQ(Generate(*stub, req).status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_EQ(Generate(*stub, req, "wrong").status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // Wrong keys: another key, one byte differing, a prefix of the key, the key and more.
+  for (const char* wrong : {"wrong", "secreT", "secre", "secret1"}) {
+    EXPECT_EQ(Generate(*stub, req, wrong).status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+        << wrong;
+  }
   EXPECT_TRUE(Generate(*stub, req, "secret").status.ok());
+  // The key without "Bearer ", and the unary calls, are checked the same way.
+  auto tokenize = [&](const std::string& authorization) {
+    grpc::ClientContext c;
+    if (!authorization.empty()) c.AddMetadata("authorization", authorization);
+    v1::TokenizeRequest t;
+    t.set_text("hi");
+    v1::TokenizeResponse r;
+    return stub->Tokenize(&c, t, &r).error_code();
+  };
+  EXPECT_EQ(tokenize(""), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(tokenize("secret"), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(tokenize("Bearer secreT"), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(tokenize("Bearer secret"), grpc::StatusCode::OK);
   grpc::ClientContext ctx;  // health needs no key (probes)
   v1::HealthResponse health;
   EXPECT_TRUE(stub->Health(&ctx, v1::HealthRequest(), &health).ok());
