@@ -52,8 +52,16 @@ StatusOr<int32_t> SpeculativeStep::Plan(int32_t root, const DraftContext* ctx, i
     DraftContext c = *ctx;
     for (size_t s = 0; s < sessions_.size(); ++s) {
       c.speculator_index = static_cast<int32_t>(s);
-      SI_ASSIGN_OR_RETURN(TokenTree t, sessions_[s]->Propose(c));
-      SI_RETURN_IF_ERROR(tree_.Merge(std::move(t)));
+      StatusOr<TokenTree> t = sessions_[s]->Propose(c);
+      if (!t.ok()) {
+        // A draft out of room (its KV cache full) leaves this step's tree without it, like a
+        // session it could not open; any other error fails the sequence.
+        if (t.status().code() != StatusCode::kResourceExhausted) return t.status();
+        spdlog::debug("speculator {} has no room for this step: {}",
+                      stats_.speculator_names[s], t.status().ToString());
+        continue;
+      }
+      SI_RETURN_IF_ERROR(tree_.Merge(std::move(*t)));
     }
   }
   stats_.draft_seconds += Seconds(d0, Clock::now());

@@ -50,7 +50,9 @@ class SpeculativeStep {
 
   // Drafts the tree rooted at `root` (with `ctx`; null: the root alone), reserves its KV entries
   // after the `committed` ones, and adds it to `batch` with its logits rows in node order.
-  // Returns the tree's size (>= 1), which is the number of logits rows it added.
+  // Returns the tree's size (>= 1), which is the number of logits rows it added. A session
+  // whose Propose finds no room (ResourceExhausted) proposes nothing this step; any other error
+  // of a session is returned.
   StatusOr<int32_t> Plan(int32_t root, const DraftContext* ctx, int32_t committed,
                          ForwardBatch& batch);
 

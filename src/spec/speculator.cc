@@ -1,6 +1,7 @@
 #include "spec/speculator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <numeric>
 
 #include "backend/registry.h"
@@ -35,17 +36,30 @@ class ModelDraftSession final : public DraftSession {
 
 class ModelSpeculator final : public Speculator {
  public:
-  // The cache takes the runner's KV geometry.
+  // The cache takes the runner's KV geometry, sized for `max_sessions` full contexts.
   ModelSpeculator(std::string name, std::shared_ptr<const Model> model,
-                  std::unique_ptr<ModelRunner> runner)
+                  std::unique_ptr<ModelRunner> runner, int32_t max_sessions)
       : name_(std::move(name)),
         model_(std::move(model)),
         runner_(std::move(runner)),
-        kv_(runner_->num_kv_blocks(), runner_->kv_block_size()) {}
+        kv_(runner_->num_kv_blocks(), runner_->kv_block_size()),
+        max_sessions_(max_sessions) {}
 
   const std::string& name() const override { return name_; }
+  // The cache has room for max_sessions full contexts, not more: a session beyond them would
+  // share the blocks and fail some request's draft halfway ("KV cache full"); refusing it here
+  // lets the engine run that sequence without this draft (speculative_step.h).
   StatusOr<std::unique_ptr<DraftSession>> StartSession() override {
+    if (live_sessions_.fetch_add(1) >= max_sessions_) {
+      live_sessions_.fetch_sub(1);
+      return ResourceExhaustedError("draft '" + name_ + "' has KV for " +
+                                    std::to_string(max_sessions_) + " sequences, all in use");
+    }
     return std::unique_ptr<DraftSession>(new ModelDraftSession(*this, kv_.AddSequence()));
+  }
+  void EndSession(SeqId seq) {
+    kv_.RemoveSequence(seq);
+    live_sessions_.fetch_sub(1);
   }
 
   const Model& model() const { return *model_; }
@@ -57,9 +71,11 @@ class ModelSpeculator final : public Speculator {
   std::shared_ptr<const Model> model_;
   std::unique_ptr<ModelRunner> runner_;
   KvCacheManager kv_;
+  const int32_t max_sessions_;
+  std::atomic<int32_t> live_sessions_{0};
 };
 
-ModelDraftSession::~ModelDraftSession() { owner_.kv().RemoveSequence(seq_); }
+ModelDraftSession::~ModelDraftSession() { owner_.EndSession(seq_); }
 
 Status ModelDraftSession::CatchUp(std::span<const int32_t> tokens, std::vector<float>& logits) {
   KvCacheManager& kv = owner_.kv();
@@ -190,7 +206,7 @@ StatusOr<std::unique_ptr<Speculator>> CreateModelSpeculator(std::string name,
   if (runner->num_kv_blocks() <= 0 || runner->kv_block_size() <= 0)
     return InternalError("draft runner " + runner->name() + " reports no KV storage");
   return std::unique_ptr<Speculator>(
-      new ModelSpeculator(std::move(name), std::move(model), std::move(runner)));
+      new ModelSpeculator(std::move(name), std::move(model), std::move(runner), o.max_sequences));
 }
 
 }  // namespace

@@ -65,7 +65,7 @@ class Speculator {
 };
 
 struct SpeculatorOptions {
-  int32_t max_sequences = 1;   // sequences a model draft keeps KV for at once
+  int32_t max_sequences = 1;   // sequences a model draft keeps KV for; more: ResourceExhausted
   int32_t kv_block_size = 16;
   // Where a model or layers draft runs: a registered backend name (backend/registry.h). On
   // another backend than the LLM's, a layers draft holds its own copy of the layers it uses.
