@@ -57,8 +57,8 @@ StatusOr<int32_t> SpeculativeStep::Plan(int32_t root, const DraftContext* ctx, i
         // A draft out of room (its KV cache full) leaves this step's tree without it, like a
         // session it could not open; any other error fails the sequence.
         if (t.status().code() != StatusCode::kResourceExhausted) return t.status();
-        spdlog::debug("speculator {} has no room for this step: {}",
-                      stats_.speculator_names[s], t.status().ToString());
+        spdlog::debug("speculator {} has no room for this step: {}", stats_.speculator_names[s],
+                      t.status().ToString());
         continue;
       }
       SI_RETURN_IF_ERROR(tree_.Merge(std::move(*t)));

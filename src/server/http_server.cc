@@ -108,8 +108,7 @@ void HttpFrontend::Routes() {
     if (options.api_key.empty() || req.path.rfind("/v1/", 0) != 0)
       return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
-    if (BearerKeyMatches(auth, options.api_key))
-      return httplib::Server::HandlerResponse::Unhandled;
+    if (BearerKeyMatches(auth, options.api_key)) return httplib::Server::HandlerResponse::Unhandled;
     ApiError e{StatusCode::kUnauthenticated,
                auth.empty() ? "Missing API key: send 'Authorization: Bearer KEY'"
                             : "Incorrect API key provided",

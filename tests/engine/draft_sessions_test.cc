@@ -22,14 +22,16 @@ std::unique_ptr<Engine> MakeEngine(int32_t max_sequences, int32_t draft_sequence
   o.tokenizer_path = testing::Stories260KTokenizer();
   o.num_threads = 1;
   o.max_sequences = max_sequences;
-  o.speculator_factory = [draft_sequences](std::shared_ptr<const Model> model,
-                                           const Tokenizer& tokenizer)
-      -> StatusOr<std::vector<std::unique_ptr<Speculator>>> {
+  o.speculator_factory =
+      [draft_sequences](
+          std::shared_ptr<const Model> model,
+          const Tokenizer& tokenizer) -> StatusOr<std::vector<std::unique_ptr<Speculator>>> {
     SpeculatorOptions so;
     so.max_sequences = draft_sequences;
     so.num_threads = 1;
     so.llm_tokenizer = &tokenizer;
-    SI_ASSIGN_OR_RETURN(auto s, CreateSpeculator("model:" + testing::Stories260KModel(), model, so));
+    SI_ASSIGN_OR_RETURN(auto s,
+                        CreateSpeculator("model:" + testing::Stories260KModel(), model, so));
     std::vector<std::unique_ptr<Speculator>> out;
     out.push_back(std::move(s));
     return out;
@@ -60,7 +62,7 @@ TEST(DraftSessions, MoreSequencesThanTheDraftHoldsAllSucceedAsWithoutSpeculation
   for (const char* text : texts) {
     GenerateRequest r;
     r.prompt_tokens = *engine->EncodePrompt(text);
-    r.max_new_tokens = 480;  // no stop tokens: every sequence runs its full length
+    r.max_new_tokens = 480;      // no stop tokens: every sequence runs its full length
     r.sampling.temperature = 0;  // greedy
     plain.push_back(r);
     // `ngram + model`: the prompt lookup stays when the model draft has no room.
@@ -104,8 +106,7 @@ TEST(DraftSessions, MoreSequencesThanTheDraftHoldsAllSucceedAsWithoutSpeculation
   spec[0].max_new_tokens = 10;
   auto again = engine->Generate(spec[0]);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
-  EXPECT_EQ(again->stats.spec.speculator_names,
-            (std::vector<std::string>{"ngram:2", model_draft}));
+  EXPECT_EQ(again->stats.spec.speculator_names, (std::vector<std::string>{"ngram:2", model_draft}));
 }
 
 TEST(DraftSessions, ADraftWithoutRoomForItsTreeAtTheContextEndDoesNotFailGenerate) {
@@ -151,8 +152,9 @@ TEST(DraftSessions, ADraftOutOfRoomMidSequenceIsLeftOutOfTheStep) {
   o.model_path = testing::Stories260KModel();
   o.tokenizer_path = testing::Stories260KTokenizer();
   o.num_threads = 1;
-  o.speculator_factory = [](std::shared_ptr<const Model>, const Tokenizer&)
-      -> StatusOr<std::vector<std::unique_ptr<Speculator>>> {
+  o.speculator_factory =
+      [](std::shared_ptr<const Model>,
+         const Tokenizer&) -> StatusOr<std::vector<std::unique_ptr<Speculator>>> {
     std::vector<std::unique_ptr<Speculator>> out;
     out.push_back(std::make_unique<FullSpeculator>());
     return out;

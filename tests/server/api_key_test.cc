@@ -16,8 +16,8 @@ TEST(ConstantTimeEquals, EqualStrings) {
 }
 
 TEST(ConstantTimeEquals, DifferentLengths) {
-  EXPECT_FALSE(ConstantTimeEquals("sk-test-12", "sk-test-123"));    // a prefix of the key
-  EXPECT_FALSE(ConstantTimeEquals("sk-test-1234", "sk-test-123"));  // the key and more
+  EXPECT_FALSE(ConstantTimeEquals("sk-test-12", "sk-test-123"));              // a prefix of the key
+  EXPECT_FALSE(ConstantTimeEquals("sk-test-1234", "sk-test-123"));            // the key and more
   EXPECT_FALSE(ConstantTimeEquals("sk-test-123sk-test-123", "sk-test-123"));  // key repeated
   EXPECT_FALSE(ConstantTimeEquals("", "sk-test-123"));
   EXPECT_FALSE(ConstantTimeEquals("x", ""));

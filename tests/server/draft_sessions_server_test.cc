@@ -27,8 +27,8 @@ Reply Generate(v1::SpecInfer::Stub& stub, const v1::GenerateRequest& req) {
   ctx.set_deadline(std::chrono::system_clock::now() + 120s);
   auto reader = stub.Generate(&ctx, req);
   v1::GenerateResponse msg;
-  while (reader->Read(&msg)) r.tokens.insert(r.tokens.end(), msg.token_ids().begin(),
-                                             msg.token_ids().end());
+  while (reader->Read(&msg))
+    r.tokens.insert(r.tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
   r.status = reader->Finish();
   return r;
 }
@@ -41,8 +41,9 @@ TEST(DraftSessionsServer, ConcurrentRequestsBeyondTheDraftsSessionsAllSucceed) {
   eo.tokenizer_path = testing::Stories260KTokenizer();
   eo.num_threads = 1;
   eo.max_sequences = 3;
-  eo.speculator_factory = [&draft](std::shared_ptr<const Model> model, const Tokenizer& tok)
-      -> StatusOr<std::vector<std::unique_ptr<Speculator>>> {
+  eo.speculator_factory =
+      [&draft](std::shared_ptr<const Model> model,
+               const Tokenizer& tok) -> StatusOr<std::vector<std::unique_ptr<Speculator>>> {
     SpeculatorOptions so;
     so.max_sequences = 1;
     so.num_threads = 1;
@@ -82,8 +83,7 @@ TEST(DraftSessionsServer, ConcurrentRequestsBeyondTheDraftsSessionsAllSucceed) {
     for (int w : {2, 2, 1}) s->add_tree(w);
   }
   std::vector<std::thread> threads;
-  for (int i = 0; i < kN; ++i)
-    threads.emplace_back([&, i] { spec[i] = Generate(*stub, reqs[i]); });
+  for (int i = 0; i < kN; ++i) threads.emplace_back([&, i] { spec[i] = Generate(*stub, reqs[i]); });
   for (std::thread& t : threads) t.join();
   for (int i = 0; i < kN; ++i) {
     ASSERT_TRUE(spec[i].status.ok()) << i << ": " << spec[i].status.error_message();

@@ -453,12 +453,12 @@ TEST(VerifyStochastic, TruncatedLlmNeverEmitsAZeroProbabilityToken) {
   // Under top-k and top-p, proposals outside the LLM's kept set (deterministic and sampled,
   // several per node, two levels deep) are never accepted and the LLM's own token is inside it.
   const std::vector<float> row = {1.5f, 1.2f, 0.3f, 2.0f, -0.5f, 0.9f, 0.1f, -2.0f};
-  for (const SamplingParams& params : {Temperature(0.8f, 3), Temperature(1.2f, 0, 0.6f),
-                                       Temperature(1, 4, 0.7f)}) {
+  for (const SamplingParams& params :
+       {Temperature(0.8f, 3), Temperature(1.2f, 0, 0.6f), Temperature(1, 4, 0.7f)}) {
     const std::vector<float> p = LlmProbs(row, params);
     TokenTree t(0);
-    const int32_t qd = t.AddDistribution(std::vector<float>{0, 0, 0.25f, 0, 0.25f, 0, 0.25f,
-                                                            0.25f});
+    const int32_t qd =
+        t.AddDistribution(std::vector<float>{0, 0, 0.25f, 0, 0.25f, 0, 0.25f, 0.25f});
     std::vector<int32_t> level1;
     for (int32_t x = 0; x < kVocab; ++x) {
       level1.push_back(x % 2 == 0 ? t.Propose(0, x, 0) : t.Propose(0, x, 1, qd));
