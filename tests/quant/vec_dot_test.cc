@@ -277,6 +277,48 @@ TEST(VecDotMulti, EachRowIsBitIdenticalToVecDot) {
   }
 }
 
+// vec_dot_packed (several packed activation rows per weight row read, for tree passes) must give
+// each row exactly what vec_dot gives the unpacked row, odd block counts included.
+TEST(VecDotPacked, EachRowIsBitIdenticalToVecDot) {
+  std::mt19937 rng(13);
+  int checked = 0;
+  for (DType t : testing::SupportedWeightTypes()) {
+    for (cpu::KernelIsa isa : testing::AvailableIsas()) {
+      const cpu::TypeOps* ops = cpu::GetTypeOpsForIsa(t, isa);
+      if (ops == nullptr || ops->vec_dot_packed == nullptr) continue;
+      SCOPED_TRACE(std::string(DTypeName(t)) + " " + testing::IsaName(isa));
+      ASSERT_NE(ops->pack, nullptr);
+      ASSERT_NE(ops->packed_bytes, nullptr);
+      for (int64_t n : Lengths(t)) {
+        const std::vector<uint8_t> w = testing::RandomRow(t, n, rng);
+        const size_t row_bytes = RowBytes(ops->vec_dot_type, n);
+        const size_t packed_bytes = ops->packed_bytes(n);
+        std::vector<uint8_t> xq(row_bytes * cpu::kMaxMultiDot);
+        std::vector<uint8_t> xp(packed_bytes * cpu::kMaxMultiDot);
+        for (int r = 0; r < cpu::kMaxMultiDot; ++r) {
+          const std::vector<float> x = testing::RandomActivations(n, rng);
+          ops->from_float(x.data(), xq.data() + r * row_bytes, n);
+          ops->pack(n, xq.data() + r * row_bytes, xp.data() + r * packed_bytes);
+        }
+        for (int count = 1; count <= cpu::kMaxMultiDot; ++count) {
+          float out[cpu::kMaxMultiDot];
+          ops->vec_dot_packed(n, w.data(), xp.data(), packed_bytes, count, out);
+          for (int r = 0; r < count; ++r) {
+            const float want = ops->vec_dot(n, w.data(), xq.data() + r * row_bytes);
+            EXPECT_EQ(std::memcmp(&want, &out[r], sizeof(float)), 0)
+                << "n=" << n << " count=" << count << " row " << r << ": " << out[r]
+                << " vs " << want;
+          }
+        }
+      }
+      ++checked;
+    }
+  }
+  if (cpu::GetCpuFeatures().use_avx2_kernels) {
+    EXPECT_GT(checked, 0) << "no type has a packed multi-token kernel";
+  }
+}
+
 // vec_dot_rows (several weight rows per activation read, for decode steps) must give each row
 // exactly what vec_dot gives it, or incremental decoding and tree passes would disagree.
 TEST(VecDotRows, EachRowIsBitIdenticalToVecDot) {

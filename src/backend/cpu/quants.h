@@ -70,6 +70,17 @@ static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20);
 static_assert(sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24);
 static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ8_1) == 36);
 
+// Two consecutive Q8_1 activation blocks rearranged for the Q4_1 tile kernel (PackQ8_1): their
+// fp16 fields as floats {d0, s0, d1, s1}, then the first halves of both blocks' quants (lo =
+// q0[0..15], q1[0..15]) and the second halves (hi = q0[16..31], q1[16..31]), the order in which
+// the kernel pairs them with the low and high weight nibbles of both blocks.
+struct PackedPairQ8_1 {
+  float h[4];
+  int8_t lo[kQK];
+  int8_t hi[kQK];
+};
+static_assert(sizeof(PackedPairQ8_1) == 80);
+
 // The routine families. Names: ToFloat<T>(src, dst, n), FromFloat<T>(src, dst, n),
 // VecDot<W><X>(n, w, x) returning sum_i w[i] * x[i].
 #define SPECINFER_QUANT_ROUTINES                                 \
@@ -109,6 +120,14 @@ void VecDotQ4_1Q8_1Multi(int64_t n, const void* w, const void* x, size_t x_strid
 // row (TypeOps::vec_dot_rows).
 void VecDotQ4_1Q8_1Rows(int64_t n, const void* w, size_t w_stride, const void* x, int count,
                         float* out);
+// Packed activation rows for VecDotQ4_1Packed (TypeOps::pack): n / 64 PackedPairQ8_1, then an
+// odd last BlockQ8_1 as it is. PackedQ8_1Bytes(n) bytes per row.
+size_t PackedQ8_1Bytes(int64_t n);
+void PackQ8_1(int64_t n, const void* x, void* dst);
+// VecDotQ4_1Q8_1 of one weight row with `count` (1..kMaxMultiDot) packed activation rows
+// (TypeOps::vec_dot_packed), each result bit-identical to VecDotQ4_1Q8_1's.
+void VecDotQ4_1Packed(int64_t n, const void* w, const void* xp, size_t xp_stride, int count,
+                      float* out);
 // VecDotF32 likewise.
 void VecDotF32Multi(int64_t n, const void* w, const void* x, size_t x_stride, int count,
                     float* out);

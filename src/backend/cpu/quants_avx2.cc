@@ -505,7 +505,7 @@ SI_AVX2_INLINE void PairQ4_1Rows(const BlockQ4_1* a, const uint8_t* x, size_t st
 // The accumulation order every Q4_1 dot product follows, for R results at once: pairs of blocks
 // alternate between two accumulators (pair(i, acc, ms) adds blocks i and i + 1 into each
 // result's acc[r] and ms[r]), an odd last block goes to the second, then the sums are reduced.
-// blocks(r) gives result r's (weight row, activation row) for the odd last block. Sharing this
+// blocks(r, i) gives result r's (weight, activation) block i, the odd last one. Sharing this
 // one skeleton is what keeps the multi-row kernels bit-identical to VecDotQ4_1Q8_1.
 template <int R, typename PairFn, typename BlocksFn>
 SI_AVX2_INLINE void DotQ4_1Skeleton(int64_t nb, PairFn pair, BlocksFn blocks, float* out) {
@@ -531,8 +531,8 @@ SI_AVX2_INLINE void DotQ4_1Skeleton(int64_t nb, PairFn pair, BlocksFn blocks, fl
   for (int r = 0; r < R; ++r) {
     float summs = 0.0f;
     if (i < nb) {
-      const auto [a, b] = blocks(r);
-      StepQ4_1(a[i], b[i], acc1[r], summs);
+      const auto [a, b] = blocks(r, i);
+      StepQ4_1(*a, *b, acc1[r], summs);
     }
     __m128 ms = _mm_add_ps(ms0[r], ms1[r]);
     ms = _mm_add_ps(ms, _mm_movehl_ps(ms, ms));
@@ -548,8 +548,8 @@ SI_AVX2_INLINE void DotQ4_1Rows(int64_t n, const BlockQ4_1* a, const uint8_t* x,
       [&](int64_t i, __m256 (&acc)[T], __m128 (&ms)[T]) SI_AVX2_LAMBDA {
         PairQ4_1Rows<T>(a, x, stride, i, acc, ms);
       },
-      [&](int r) SI_AVX2_LAMBDA {
-        return std::pair(a, reinterpret_cast<const BlockQ8_1*>(x + r * stride));
+      [&](int r, int64_t i) SI_AVX2_LAMBDA {
+        return std::pair(a + i, reinterpret_cast<const BlockQ8_1*>(x + r * stride) + i);
       },
       out);
 }
@@ -601,8 +601,8 @@ SI_AVX2_INLINE void DotQ4_1WeightRows(int64_t n, const uint8_t* w, size_t w_stri
       [&](int64_t i, __m256 (&acc)[R], __m128 (&ms)[R]) SI_AVX2_LAMBDA {
         PairQ4_1WeightRows<R>(w, w_stride, b, i, acc, ms);
       },
-      [&](int r) SI_AVX2_LAMBDA {
-        return std::pair(reinterpret_cast<const BlockQ4_1*>(w + r * w_stride), b);
+      [&](int r, int64_t i) SI_AVX2_LAMBDA {
+        return std::pair(reinterpret_cast<const BlockQ4_1*>(w + r * w_stride) + i, b + i);
       },
       out);
 }
@@ -623,6 +623,96 @@ SI_AVX2 void VecDotQ4_1Q8_1Multi(int64_t n, const void* w, const void* x, size_t
   for (; count >= 2; count -= 2, xb += 2 * x_stride, out += 2)
     DotQ4_1Rows<2>(n, a, xb, x_stride, out);
   if (count == 1) out[0] = VecDotQ4_1Q8_1(n, w, xb);
+}
+
+// ---- Q4_1 weights against packed Q8_1 activations (TypeOps::vec_dot_packed) ----
+//
+// A tree pass dots every weight row with several tokens; per (row, token, pair of blocks) the
+// regrouping of the activation bytes and the F16C conversion of their fp16 fields in
+// PairQ4_1Rows are the same for every row, so PackQ8_1 does them once per token and product
+// (PackedPairQ8_1 in quants.h). What remains per output is the single-row kernel's arithmetic
+// itself: the same products (p = weight fields x activation fields), the same integer sums,
+// the same FMA into the same accumulator, in the same order, so each result is bit-identical
+// to VecDotQ4_1Q8_1's.
+
+SI_AVX2 size_t PackedQ8_1Bytes(int64_t n) {
+  const int64_t nb = n / kQK;
+  return static_cast<size_t>(nb / 2) * sizeof(PackedPairQ8_1) +
+         static_cast<size_t>(nb % 2) * sizeof(BlockQ8_1);
+}
+
+SI_AVX2 void PackQ8_1(int64_t n, const void* x, void* dst) {
+  const BlockQ8_1* b = static_cast<const BlockQ8_1*>(x);
+  PackedPairQ8_1* pp = static_cast<PackedPairQ8_1*>(dst);
+  const int64_t nb = n / kQK;
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2, ++pp) {
+    uint32_t x0, x1;
+    std::memcpy(&x0, &b[i].d, 4);
+    std::memcpy(&x1, &b[i + 1].d, 4);
+    // The very conversion PairQ4_1Rows makes per row.
+    _mm_storeu_ps(pp->h, _mm_cvtph_ps(_mm_set_epi32(0, 0, static_cast<int>(x1),
+                                                    static_cast<int>(x0))));
+    const __m256i y0 = Load32(b[i].qs), y1 = Load32(b[i + 1].qs);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pp->lo), _mm256_permute2x128_si256(y0, y1, 0x20));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pp->hi), _mm256_permute2x128_si256(y0, y1, 0x31));
+  }
+  if (i < nb) std::memcpy(pp, &b[i], sizeof(BlockQ8_1));
+}
+
+// PairQ4_1Rows over packed activation rows (xp + t * stride bytes), blocks i and i + 1.
+template <int T>
+SI_AVX2_INLINE void PairQ4_1Packed(const BlockQ4_1* a, const uint8_t* xp, size_t stride,
+                                   int64_t i, __m256 (&acc)[T], __m128 (&ms)[T]) {
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  uint32_t w0, w1;
+  std::memcpy(&w0, &a[i].d, 4);
+  std::memcpy(&w1, &a[i + 1].d, 4);
+  const __m128 hw = _mm_cvtph_ps(_mm_set_epi32(0, 0, static_cast<int>(w1), static_cast<int>(w0)));
+  const __m256i q = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(a[i + 1].qs),
+                                        reinterpret_cast<const __m128i*>(a[i].qs));
+  const __m256i lo = _mm256_and_si256(q, mask);
+  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t) {
+    const PackedPairQ8_1* pp = reinterpret_cast<const PackedPairQ8_1*>(xp + t * stride) + i / 2;
+    const __m128 p = _mm_mul_ps(hw, _mm_loadu_ps(pp->h));
+    ms[t] = _mm_add_ps(ms[t], p);
+    const __m256 d = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(p),
+                                              _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));
+    const __m256i ylo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pp->lo));
+    const __m256i yhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pp->hi));
+    const __m256i p16 =
+        _mm256_add_epi16(_mm256_maddubs_epi16(lo, ylo), _mm256_maddubs_epi16(hi, yhi));
+    const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+    acc[t] = _mm256_fmadd_ps(d, f, acc[t]);
+  }
+}
+
+template <int T>
+SI_AVX2_INLINE void DotQ4_1Packed(int64_t n, const BlockQ4_1* a, const uint8_t* xp, size_t stride,
+                                  float* out) {
+  const int64_t nb = n / kQK;
+  DotQ4_1Skeleton<T>(
+      nb,
+      [&](int64_t i, __m256 (&acc)[T], __m128 (&ms)[T]) SI_AVX2_LAMBDA {
+        PairQ4_1Packed<T>(a, xp, stride, i, acc, ms);
+      },
+      [&](int r, int64_t i) SI_AVX2_LAMBDA {
+        // The odd last block is stored as it is, after the pairs.
+        const auto* tail = reinterpret_cast<const PackedPairQ8_1*>(xp + r * stride) + nb / 2;
+        return std::pair(a + i, reinterpret_cast<const BlockQ8_1*>(tail));
+      },
+      out);
+}
+
+SI_AVX2 void VecDotQ4_1Packed(int64_t n, const void* w, const void* xp, size_t xp_stride,
+                              int count, float* out) {
+  const BlockQ4_1* a = static_cast<const BlockQ4_1*>(w);
+  const uint8_t* xb = static_cast<const uint8_t*>(xp);
+  for (; count >= 2; count -= 2, xb += 2 * xp_stride, out += 2)
+    DotQ4_1Packed<2>(n, a, xb, xp_stride, out);
+  if (count == 1) DotQ4_1Packed<1>(n, a, xb, xp_stride, out);
 }
 
 SI_AVX2 float VecDotQ5_0Q8_0(int64_t n, const void* w, const void* x) {

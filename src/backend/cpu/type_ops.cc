@@ -93,6 +93,9 @@ const Table& Avx2Table() {
     Table t = SPECINFER_FILL_TABLE(avx2);
     t.ops[static_cast<size_t>(DType::kQ4_1)].vec_dot_multi = avx2::VecDotQ4_1Q8_1Multi;
     t.ops[static_cast<size_t>(DType::kQ4_1)].vec_dot_rows = avx2::VecDotQ4_1Q8_1Rows;
+    t.ops[static_cast<size_t>(DType::kQ4_1)].packed_bytes = avx2::PackedQ8_1Bytes;
+    t.ops[static_cast<size_t>(DType::kQ4_1)].pack = avx2::PackQ8_1;
+    t.ops[static_cast<size_t>(DType::kQ4_1)].vec_dot_packed = avx2::VecDotQ4_1Packed;
     t.ops[static_cast<size_t>(DType::kF32)].vec_dot_multi = avx2::VecDotF32Multi;
     return t;
   }();
