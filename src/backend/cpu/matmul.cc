@@ -103,9 +103,9 @@ void MatMulShared(std::span<const MatMulTarget> targets, const float* x, int64_t
       int64_t t = 0;
       if (act_packed != nullptr) {
         // Several tokens per weight row read over the packed rows (each as vec_dot's, bit for bit).
-        float out[kMaxMultiDot];
-        for (; t < n; t += kMaxMultiDot) {
-          const int count = static_cast<int>(std::min<int64_t>(kMaxMultiDot, n - t));
+        float out[kMaxPackedDot];
+        for (; t < n; t += kMaxPackedDot) {
+          const int count = static_cast<int>(std::min<int64_t>(kMaxPackedDot, n - t));
           const uint8_t* xp = act_packed + t * packed_row_bytes;
           float* yt = targets[ti].y + t * rows;
           for (int64_t r = r0; r < r1; ++r) {

@@ -124,7 +124,7 @@ void VecDotQ4_1Q8_1Rows(int64_t n, const void* w, size_t w_stride, const void* x
 // odd last BlockQ8_1 as it is. PackedQ8_1Bytes(n) bytes per row.
 size_t PackedQ8_1Bytes(int64_t n);
 void PackQ8_1(int64_t n, const void* x, void* dst);
-// VecDotQ4_1Q8_1 of one weight row with `count` (1..kMaxMultiDot) packed activation rows
+// VecDotQ4_1Q8_1 of one weight row with `count` (1..kMaxPackedDot) packed activation rows
 // (TypeOps::vec_dot_packed), each result bit-identical to VecDotQ4_1Q8_1's.
 void VecDotQ4_1Packed(int64_t n, const void* w, const void* xp, size_t xp_stride, int count,
                       float* out);
@@ -132,16 +132,24 @@ void VecDotQ4_1Packed(int64_t n, const void* w, const void* xp, size_t xp_stride
 void VecDotF32Multi(int64_t n, const void* w, const void* x, size_t x_stride, int count,
                     float* out);
 }  // namespace avx2
+
+namespace avx512 {
+// avx2::VecDotQ4_1Packed with AVX-512 VL + VNNI integer sums and a tile of 4 tokens; the same
+// results bit for bit (only for CPUs with GetCpuFeatures().use_avx512_kernels).
+void VecDotQ4_1Packed(int64_t n, const void* w, const void* xp, size_t xp_stride, int count,
+                      float* out);
+}  // namespace avx512
 #endif
 
 #undef SPECINFER_QUANT_ROUTINES
 
 // Which kernel set GetTypeOps hands out. GetTypeOps (type_ops.h) picks kAvx2 when the CPU
 // allows it; tests and benchmarks ask for a set by name.
-enum class KernelIsa { kScalar, kAvx2 };
+// kAvx512 is the AVX2 set with the kernels that have an AVX-512 (VL, BW, VNNI) variant replaced.
+enum class KernelIsa { kScalar, kAvx2, kAvx512 };
 
 // The routines for `t` from kernel set `isa`; nullptr if the type is not supported, or if isa is
-// kAvx2 and this CPU (or build) cannot run AVX2 kernels.
+// kAvx2 (kAvx512) and this CPU (or build) cannot run AVX2 (AVX-512) kernels.
 const TypeOps* GetTypeOpsForIsa(DType t, KernelIsa isa);
 
 }  // namespace specinfer::cpu

@@ -502,43 +502,14 @@ SI_AVX2_INLINE void PairQ4_1Rows(const BlockQ4_1* a, const uint8_t* x, size_t st
   }
 }
 
-// The accumulation order every Q4_1 dot product follows, for R results at once: pairs of blocks
-// alternate between two accumulators (pair(i, acc, ms) adds blocks i and i + 1 into each
-// result's acc[r] and ms[r]), an odd last block goes to the second, then the sums are reduced.
-// blocks(r, i) gives result r's (weight, activation) block i, the odd last one. Sharing this
-// one skeleton is what keeps the multi-row kernels bit-identical to VecDotQ4_1Q8_1.
-template <int R, typename PairFn, typename BlocksFn>
-SI_AVX2_INLINE void DotQ4_1Skeleton(int64_t nb, PairFn pair, BlocksFn blocks, float* out) {
-  __m256 acc0[R], acc1[R];
-  __m128 ms0[R], ms1[R];
-#pragma GCC unroll 2
-  for (int r = 0; r < R; ++r) {
-    acc0[r] = _mm256_setzero_ps();
-    acc1[r] = _mm256_setzero_ps();
-    ms0[r] = _mm_setzero_ps();
-    ms1[r] = _mm_setzero_ps();
-  }
-  int64_t i = 0;
-  for (; i + 4 <= nb; i += 4) {
-    pair(i, acc0, ms0);
-    pair(i + 2, acc1, ms1);
-  }
-  if (i + 2 <= nb) {
-    pair(i, acc0, ms0);
-    i += 2;
-  }
-#pragma GCC unroll 2
-  for (int r = 0; r < R; ++r) {
-    float summs = 0.0f;
-    if (i < nb) {
-      const auto [a, b] = blocks(r, i);
-      StepQ4_1(*a, *b, acc1[r], summs);
-    }
-    __m128 ms = _mm_add_ps(ms0[r], ms1[r]);
-    ms = _mm_add_ps(ms, _mm_movehl_ps(ms, ms));
-    out[r] = Hsum(_mm256_add_ps(acc0[r], acc1[r])) + (_mm_cvtss_f32(_mm_movehdup_ps(ms)) + summs);
-  }
-}
+// The Q4_1 block-pair skeleton and the packed-activation tile kernel, with this file's target.
+#define SI_TILE_TARGET "avx2,fma,f16c"
+#define SI_TILE_VNNI 0
+#define SI_TILE_MAX 2
+#include "backend/cpu/q4_1_tile.inc"
+#undef SI_TILE_TARGET
+#undef SI_TILE_VNNI
+#undef SI_TILE_MAX
 
 template <int T>
 SI_AVX2_INLINE void DotQ4_1Rows(int64_t n, const BlockQ4_1* a, const uint8_t* x, size_t stride,
@@ -660,61 +631,6 @@ SI_AVX2 void PackQ8_1(int64_t n, const void* x, void* dst) {
   if (i < nb) std::memcpy(pp, &b[i], sizeof(BlockQ8_1));
 }
 
-// PairQ4_1Rows over packed activation rows (xp + t * stride bytes), blocks i and i + 1.
-template <int T>
-SI_AVX2_INLINE void PairQ4_1Packed(const BlockQ4_1* a, const uint8_t* xp, size_t stride,
-                                   int64_t i, __m256 (&acc)[T], __m128 (&ms)[T]) {
-  const __m256i mask = _mm256_set1_epi8(0x0F);
-  uint32_t w0, w1;
-  std::memcpy(&w0, &a[i].d, 4);
-  std::memcpy(&w1, &a[i + 1].d, 4);
-  const __m128 hw = _mm_cvtph_ps(_mm_set_epi32(0, 0, static_cast<int>(w1), static_cast<int>(w0)));
-  const __m256i q = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(a[i + 1].qs),
-                                        reinterpret_cast<const __m128i*>(a[i].qs));
-  const __m256i lo = _mm256_and_si256(q, mask);
-  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
-#pragma GCC unroll 4
-  for (int t = 0; t < T; ++t) {
-    const PackedPairQ8_1* pp = reinterpret_cast<const PackedPairQ8_1*>(xp + t * stride) + i / 2;
-    const __m128 p = _mm_mul_ps(hw, _mm_loadu_ps(pp->h));
-    ms[t] = _mm_add_ps(ms[t], p);
-    const __m256 d = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(p),
-                                              _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));
-    const __m256i ylo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pp->lo));
-    const __m256i yhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pp->hi));
-    const __m256i p16 =
-        _mm256_add_epi16(_mm256_maddubs_epi16(lo, ylo), _mm256_maddubs_epi16(hi, yhi));
-    const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
-    acc[t] = _mm256_fmadd_ps(d, f, acc[t]);
-  }
-}
-
-template <int T>
-SI_AVX2_INLINE void DotQ4_1Packed(int64_t n, const BlockQ4_1* a, const uint8_t* xp, size_t stride,
-                                  float* out) {
-  const int64_t nb = n / kQK;
-  DotQ4_1Skeleton<T>(
-      nb,
-      [&](int64_t i, __m256 (&acc)[T], __m128 (&ms)[T]) SI_AVX2_LAMBDA {
-        PairQ4_1Packed<T>(a, xp, stride, i, acc, ms);
-      },
-      [&](int r, int64_t i) SI_AVX2_LAMBDA {
-        // The odd last block is stored as it is, after the pairs.
-        const auto* tail = reinterpret_cast<const PackedPairQ8_1*>(xp + r * stride) + nb / 2;
-        return std::pair(a + i, reinterpret_cast<const BlockQ8_1*>(tail));
-      },
-      out);
-}
-
-SI_AVX2 void VecDotQ4_1Packed(int64_t n, const void* w, const void* xp, size_t xp_stride,
-                              int count, float* out) {
-  const BlockQ4_1* a = static_cast<const BlockQ4_1*>(w);
-  const uint8_t* xb = static_cast<const uint8_t*>(xp);
-  for (; count >= 2; count -= 2, xb += 2 * xp_stride, out += 2)
-    DotQ4_1Packed<2>(n, a, xb, xp_stride, out);
-  if (count == 1) DotQ4_1Packed<1>(n, a, xb, xp_stride, out);
-}
-
 SI_AVX2 float VecDotQ5_0Q8_0(int64_t n, const void* w, const void* x) {
   return DotBlocks<BlockQ5_0, BlockQ8_0, StepQ5_0>(n, w, x);
 }
@@ -743,5 +659,23 @@ SI_AVX2 float VecDotQ8_1Q8_1(int64_t n, const void* w, const void* x) {
 }
 
 }  // namespace specinfer::cpu::avx2
+
+// The packed Q4_1 tile kernel again for CPUs with AVX-512 VL + VNNI (type_ops.cc hands it out
+// when GetCpuFeatures().use_avx512_kernels): still 256-bit vectors with the AVX2 kernel's lane
+// layout, so every float operation is the same; vpdpbusd forms the integer sums, and the 32
+// vector registers hold a tile of 4 tokens instead of 2.
+namespace specinfer::cpu::avx512 {
+
+using namespace avx2;  // NOLINT: the AVX2 helpers, inlined into the wider target
+
+#define SI_TILE_TARGET "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"
+#define SI_TILE_VNNI 1
+#define SI_TILE_MAX 4
+#include "backend/cpu/q4_1_tile.inc"
+#undef SI_TILE_TARGET
+#undef SI_TILE_VNNI
+#undef SI_TILE_MAX
+
+}  // namespace specinfer::cpu::avx512
 
 #endif  // SPECINFER_HAVE_X86_KERNELS

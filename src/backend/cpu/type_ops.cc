@@ -101,6 +101,15 @@ const Table& Avx2Table() {
   }();
   return table;
 }
+
+const Table& Avx512Table() {
+  static const Table table = [] {
+    Table t = Avx2Table();
+    t.ops[static_cast<size_t>(DType::kQ4_1)].vec_dot_packed = avx512::VecDotQ4_1Packed;
+    return t;
+  }();
+  return table;
+}
 #endif
 
 #undef SPECINFER_FILL_TABLE
@@ -116,13 +125,19 @@ const TypeOps* GetTypeOpsForIsa(DType t, KernelIsa isa) {
       if (GetCpuFeatures().use_avx2_kernels) return Avx2Table().Get(t);
 #endif
       return nullptr;
+    case KernelIsa::kAvx512:
+#if defined(SPECINFER_HAVE_X86_KERNELS)
+      if (GetCpuFeatures().use_avx512_kernels) return Avx512Table().Get(t);
+#endif
+      return nullptr;
   }
   return nullptr;
 }
 
 const TypeOps* GetTypeOps(DType t) {
-  static const KernelIsa isa =
-      GetCpuFeatures().use_avx2_kernels ? KernelIsa::kAvx2 : KernelIsa::kScalar;
+  static const KernelIsa isa = GetCpuFeatures().use_avx512_kernels ? KernelIsa::kAvx512
+                               : GetCpuFeatures().use_avx2_kernels  ? KernelIsa::kAvx2
+                                                                    : KernelIsa::kScalar;
   return GetTypeOpsForIsa(t, isa);
 }
 
