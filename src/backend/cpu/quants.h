@@ -128,6 +128,9 @@ void PackQ8_1(int64_t n, const void* x, void* dst);
 // (TypeOps::vec_dot_packed), each result bit-identical to VecDotQ4_1Q8_1's.
 void VecDotQ4_1Packed(int64_t n, const void* w, const void* xp, size_t xp_stride, int count,
                       float* out);
+// VecDotQ8_0Q8_0 for `count` (1..4) activation rows at once (TypeOps::vec_dot_multi).
+void VecDotQ8_0Q8_0Multi(int64_t n, const void* w, const void* x, size_t x_stride, int count,
+                         float* out);
 // VecDotF32 likewise.
 void VecDotF32Multi(int64_t n, const void* w, const void* x, size_t x_stride, int count,
                     float* out);

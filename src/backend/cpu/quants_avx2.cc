@@ -654,6 +654,54 @@ SI_AVX2 float VecDotQ8_0Q8_0(int64_t n, const void* w, const void* x) {
   return DotBlocks<BlockQ8_0, BlockQ8_0, StepQ8<BlockQ8_0, BlockQ8_0>>(n, w, x);
 }
 
+// VecDotQ8_0Q8_0 for T activation rows (TypeOps::vec_dot_multi; the output layer of models with
+// tied Q8_0 embeddings runs every tree token through it): per block the weight quants are loaded,
+// their absolute values formed and the weight scale converted once; every row then runs
+// DotBlocks' sequence for StepQ8 (same scale product, same integer sums, same FMA into the same
+// one of two accumulators, same reduction), so each result is bit-identical to VecDotQ8_0Q8_0's.
+template <int T>
+SI_AVX2_INLINE void StepQ8_0Rows(const BlockQ8_0& a, const uint8_t* x, size_t stride, int64_t i,
+                                 __m256 (&acc)[T]) {
+  const float dw = Half(a.d);
+  const __m256i w = Load32(a.qs);
+  const __m256i uw = _mm256_sign_epi8(w, w);
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t) {
+    const BlockQ8_0& b = reinterpret_cast<const BlockQ8_0*>(x + t * stride)[i];
+    const __m256 d = _mm256_set1_ps(dw * Half(b.d));
+    acc[t] = _mm256_fmadd_ps(d, MulSumU8I8(uw, _mm256_sign_epi8(Load32(b.qs), w)), acc[t]);
+  }
+}
+
+template <int T>
+SI_AVX2_INLINE void DotQ8_0Rows(int64_t n, const BlockQ8_0* a, const uint8_t* x, size_t stride,
+                                float* out) {
+  const int64_t nb = n / kQK;
+  __m256 acc0[T], acc1[T];
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t) acc0[t] = acc1[t] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    StepQ8_0Rows<T>(a[i], x, stride, i, acc0);
+    StepQ8_0Rows<T>(a[i + 1], x, stride, i + 1, acc1);
+  }
+  if (i < nb) StepQ8_0Rows<T>(a[i], x, stride, i, acc0);
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t) out[t] = Hsum(_mm256_add_ps(acc0[t], acc1[t]));
+}
+
+SI_AVX2 void VecDotQ8_0Q8_0Multi(int64_t n, const void* w, const void* x, size_t x_stride,
+                                 int count, float* out) {
+  const BlockQ8_0* a = static_cast<const BlockQ8_0*>(w);
+  const uint8_t* xb = static_cast<const uint8_t*>(x);
+  switch (count) {
+    case 4: return DotQ8_0Rows<4>(n, a, xb, x_stride, out);
+    case 3: return DotQ8_0Rows<3>(n, a, xb, x_stride, out);
+    case 2: return DotQ8_0Rows<2>(n, a, xb, x_stride, out);
+    default: return DotQ8_0Rows<1>(n, a, xb, x_stride, out);
+  }
+}
+
 SI_AVX2 float VecDotQ8_1Q8_1(int64_t n, const void* w, const void* x) {
   return DotBlocks<BlockQ8_1, BlockQ8_1, StepQ8<BlockQ8_1, BlockQ8_1>>(n, w, x);
 }

@@ -97,6 +97,7 @@ const Table& Avx2Table() {
     t.ops[static_cast<size_t>(DType::kQ4_1)].pack = avx2::PackQ8_1;
     t.ops[static_cast<size_t>(DType::kQ4_1)].vec_dot_packed = avx2::VecDotQ4_1Packed;
     t.ops[static_cast<size_t>(DType::kF32)].vec_dot_multi = avx2::VecDotF32Multi;
+    t.ops[static_cast<size_t>(DType::kQ8_0)].vec_dot_multi = avx2::VecDotQ8_0Q8_0Multi;
     return t;
   }();
   return table;
