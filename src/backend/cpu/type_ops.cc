@@ -12,6 +12,9 @@
 //                 so that the m * sum(x) term costs one multiply per block.
 //   Q8_1 -> Q8_1: Q8_1 as a weight type (ggml never stores it in files, but it is complete).
 // K-quants are not supported yet (GetTypeOps returns nullptr for them).
+// Multi-token entry points (token-tree passes, prompts): Q4_1 activations packed once per product
+// for vec_dot_packed (AVX2, or AVX-512 VL/VNNI where the CPU has it: the kAvx512 table is the AVX2
+// one with those kernels replaced); Q8_0 and F32 through vec_dot_multi.
 #include "backend/cpu/type_ops.h"
 
 #include <array>
