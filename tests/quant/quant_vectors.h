@@ -57,11 +57,19 @@ inline std::vector<cpu::KernelIsa> AvailableIsas() {
   if (cpu::GetTypeOpsForIsa(DType::kF32, cpu::KernelIsa::kAvx2) != nullptr) {
     isas.push_back(cpu::KernelIsa::kAvx2);
   }
+  if (cpu::GetTypeOpsForIsa(DType::kF32, cpu::KernelIsa::kAvx512) != nullptr) {
+    isas.push_back(cpu::KernelIsa::kAvx512);
+  }
   return isas;
 }
 
 inline const char* IsaName(cpu::KernelIsa isa) {
-  return isa == cpu::KernelIsa::kScalar ? "scalar" : "avx2";
+  switch (isa) {
+    case cpu::KernelIsa::kScalar: return "scalar";
+    case cpu::KernelIsa::kAvx2: return "avx2";
+    case cpu::KernelIsa::kAvx512: return "avx512";
+  }
+  return "?";
 }
 
 }  // namespace specinfer::testing

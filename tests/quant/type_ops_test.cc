@@ -64,17 +64,25 @@ TEST(TypeOpsTest, BlockStructsMatchDTypeTraits) {
 
 TEST(TypeOpsTest, DispatchFollowsCpuFeatures) {
   const cpu::CpuFeatures& f = cpu::GetCpuFeatures();
-  std::printf("cpu: avx2=%d fma=%d f16c=%d avx512f=%d -> %s kernels\n", f.avx2, f.fma, f.f16c,
-              f.avx512f, f.use_avx2_kernels ? "AVX2" : "scalar");
+  std::printf("cpu: avx2=%d fma=%d f16c=%d avx512 f=%d vl=%d bw=%d vnni=%d -> %s kernels\n",
+              f.avx2, f.fma, f.f16c, f.avx512f, f.avx512vl, f.avx512bw, f.avx512vnni,
+              f.use_avx512_kernels ? "AVX-512" : f.use_avx2_kernels ? "AVX2" : "scalar");
   if (f.use_avx2_kernels) {
     EXPECT_TRUE(f.avx2 && f.fma && f.f16c);
   }
-  const cpu::KernelIsa want = f.use_avx2_kernels ? cpu::KernelIsa::kAvx2 : cpu::KernelIsa::kScalar;
+  if (f.use_avx512_kernels) {
+    EXPECT_TRUE(f.use_avx2_kernels && f.avx512f && f.avx512vl && f.avx512bw && f.avx512vnni);
+  }
+  const cpu::KernelIsa want = f.use_avx512_kernels ? cpu::KernelIsa::kAvx512
+                              : f.use_avx2_kernels ? cpu::KernelIsa::kAvx2
+                                                   : cpu::KernelIsa::kScalar;
   for (DType t : testing::SupportedWeightTypes()) {
     EXPECT_EQ(cpu::GetTypeOps(t), cpu::GetTypeOpsForIsa(t, want)) << DTypeName(t);
   }
   EXPECT_EQ(cpu::GetTypeOpsForIsa(DType::kF32, cpu::KernelIsa::kAvx2) != nullptr,
             f.use_avx2_kernels);
+  EXPECT_EQ(cpu::GetTypeOpsForIsa(DType::kF32, cpu::KernelIsa::kAvx512) != nullptr,
+            f.use_avx512_kernels);
 }
 
 }  // namespace

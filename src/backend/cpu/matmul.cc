@@ -51,14 +51,24 @@ void MatMulShared(std::span<const MatMulTarget> targets, const float* x, int64_t
   // Convert the activations once, then dot every weight row with them in its stored format.
   const uint8_t* act = reinterpret_cast<const uint8_t*>(x);
   size_t act_row_bytes = static_cast<size_t>(cols) * sizeof(float);
+  // Several tokens with a packed kernel: each row is also packed (in the same parallel loop),
+  // after the n converted rows.
+  const bool packed = n > 1 && ops->vec_dot_packed != nullptr && ops->from_float != nullptr;
+  const size_t packed_row_bytes = packed ? ops->packed_bytes(cols) : 0;
+  const uint8_t* act_packed = nullptr;
   if (ops->from_float != nullptr) {
     act_row_bytes = RowBytes(ops->vec_dot_type, cols);
-    scratch.resize(act_row_bytes * n);
+    scratch.resize((act_row_bytes + packed_row_bytes) * n);
+    uint8_t* packed_base = scratch.data() + act_row_bytes * n;
     pool.ParallelFor(n, [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t)
-        ops->from_float(x + t * cols, scratch.data() + t * act_row_bytes, cols);
+      for (int64_t t = b; t < e; ++t) {
+        uint8_t* row = scratch.data() + t * act_row_bytes;
+        ops->from_float(x + t * cols, row, cols);
+        if (packed) ops->pack(cols, row, packed_base + t * packed_row_bytes);
+      }
     }, 1);
     act = scratch.data();
+    if (packed) act_packed = packed_base;
   }
 
   // Work unit: a strip of weight rows of one target against every token, so the strip stays in
@@ -91,6 +101,19 @@ void MatMulShared(std::span<const MatMulTarget> targets, const float* x, int64_t
       const int64_t rows = w.rows;
       const int64_t r0 = (s - strip_begin[ti]) * strip, r1 = std::min(rows, r0 + strip);
       int64_t t = 0;
+      if (act_packed != nullptr) {
+        // Several tokens per weight row read over the packed rows (each as vec_dot's, bit for bit).
+        float out[kMaxPackedDot];
+        for (; t < n; t += kMaxPackedDot) {
+          const int count = static_cast<int>(std::min<int64_t>(kMaxPackedDot, n - t));
+          const uint8_t* xp = act_packed + t * packed_row_bytes;
+          float* yt = targets[ti].y + t * rows;
+          for (int64_t r = r0; r < r1; ++r) {
+            ops->vec_dot_packed(cols, wdata + r * w_row_bytes, xp, packed_row_bytes, count, out);
+            for (int c = 0; c < count; ++c) yt[c * rows + r] = out[c];
+          }
+        }
+      }
       if (vec_dot_multi != nullptr) {
         // Several tokens per weight row read (each result as vec_dot's, bit for bit).
         float out[kMaxMultiDot];

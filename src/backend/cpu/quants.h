@@ -70,6 +70,17 @@ static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20);
 static_assert(sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24);
 static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ8_1) == 36);
 
+// Two consecutive Q8_1 activation blocks rearranged for the Q4_1 tile kernel (PackQ8_1): their
+// fp16 fields as floats {d0, s0, d1, s1}, then the first halves of both blocks' quants (lo =
+// q0[0..15], q1[0..15]) and the second halves (hi = q0[16..31], q1[16..31]), the order in which
+// the kernel pairs them with the low and high weight nibbles of both blocks.
+struct PackedPairQ8_1 {
+  float h[4];
+  int8_t lo[kQK];
+  int8_t hi[kQK];
+};
+static_assert(sizeof(PackedPairQ8_1) == 80);
+
 // The routine families. Names: ToFloat<T>(src, dst, n), FromFloat<T>(src, dst, n),
 // VecDot<W><X>(n, w, x) returning sum_i w[i] * x[i].
 #define SPECINFER_QUANT_ROUTINES                                 \
@@ -109,20 +120,39 @@ void VecDotQ4_1Q8_1Multi(int64_t n, const void* w, const void* x, size_t x_strid
 // row (TypeOps::vec_dot_rows).
 void VecDotQ4_1Q8_1Rows(int64_t n, const void* w, size_t w_stride, const void* x, int count,
                         float* out);
+// Packed activation rows for VecDotQ4_1Packed (TypeOps::pack): n / 64 PackedPairQ8_1, then an
+// odd last BlockQ8_1 as it is. PackedQ8_1Bytes(n) bytes per row.
+size_t PackedQ8_1Bytes(int64_t n);
+void PackQ8_1(int64_t n, const void* x, void* dst);
+// VecDotQ4_1Q8_1 of one weight row with `count` (1..kMaxPackedDot) packed activation rows
+// (TypeOps::vec_dot_packed), each result bit-identical to VecDotQ4_1Q8_1's.
+void VecDotQ4_1Packed(int64_t n, const void* w, const void* xp, size_t xp_stride, int count,
+                      float* out);
+// VecDotQ8_0Q8_0 for `count` (1..4) activation rows at once (TypeOps::vec_dot_multi).
+void VecDotQ8_0Q8_0Multi(int64_t n, const void* w, const void* x, size_t x_stride, int count,
+                         float* out);
 // VecDotF32 likewise.
 void VecDotF32Multi(int64_t n, const void* w, const void* x, size_t x_stride, int count,
                     float* out);
 }  // namespace avx2
+
+namespace avx512 {
+// avx2::VecDotQ4_1Packed with AVX-512 VL + VNNI integer sums and a tile of 4 tokens; the same
+// results bit for bit (only for CPUs with GetCpuFeatures().use_avx512_kernels).
+void VecDotQ4_1Packed(int64_t n, const void* w, const void* xp, size_t xp_stride, int count,
+                      float* out);
+}  // namespace avx512
 #endif
 
 #undef SPECINFER_QUANT_ROUTINES
 
 // Which kernel set GetTypeOps hands out. GetTypeOps (type_ops.h) picks kAvx2 when the CPU
 // allows it; tests and benchmarks ask for a set by name.
-enum class KernelIsa { kScalar, kAvx2 };
+// kAvx512 is the AVX2 set with the kernels that have an AVX-512 (VL, BW, VNNI) variant replaced.
+enum class KernelIsa { kScalar, kAvx2, kAvx512 };
 
 // The routines for `t` from kernel set `isa`; nullptr if the type is not supported, or if isa is
-// kAvx2 and this CPU (or build) cannot run AVX2 kernels.
+// kAvx2 (kAvx512) and this CPU (or build) cannot run AVX2 (AVX-512) kernels.
 const TypeOps* GetTypeOpsForIsa(DType t, KernelIsa isa);
 
 }  // namespace specinfer::cpu

@@ -502,43 +502,14 @@ SI_AVX2_INLINE void PairQ4_1Rows(const BlockQ4_1* a, const uint8_t* x, size_t st
   }
 }
 
-// The accumulation order every Q4_1 dot product follows, for R results at once: pairs of blocks
-// alternate between two accumulators (pair(i, acc, ms) adds blocks i and i + 1 into each
-// result's acc[r] and ms[r]), an odd last block goes to the second, then the sums are reduced.
-// blocks(r) gives result r's (weight row, activation row) for the odd last block. Sharing this
-// one skeleton is what keeps the multi-row kernels bit-identical to VecDotQ4_1Q8_1.
-template <int R, typename PairFn, typename BlocksFn>
-SI_AVX2_INLINE void DotQ4_1Skeleton(int64_t nb, PairFn pair, BlocksFn blocks, float* out) {
-  __m256 acc0[R], acc1[R];
-  __m128 ms0[R], ms1[R];
-#pragma GCC unroll 2
-  for (int r = 0; r < R; ++r) {
-    acc0[r] = _mm256_setzero_ps();
-    acc1[r] = _mm256_setzero_ps();
-    ms0[r] = _mm_setzero_ps();
-    ms1[r] = _mm_setzero_ps();
-  }
-  int64_t i = 0;
-  for (; i + 4 <= nb; i += 4) {
-    pair(i, acc0, ms0);
-    pair(i + 2, acc1, ms1);
-  }
-  if (i + 2 <= nb) {
-    pair(i, acc0, ms0);
-    i += 2;
-  }
-#pragma GCC unroll 2
-  for (int r = 0; r < R; ++r) {
-    float summs = 0.0f;
-    if (i < nb) {
-      const auto [a, b] = blocks(r);
-      StepQ4_1(a[i], b[i], acc1[r], summs);
-    }
-    __m128 ms = _mm_add_ps(ms0[r], ms1[r]);
-    ms = _mm_add_ps(ms, _mm_movehl_ps(ms, ms));
-    out[r] = Hsum(_mm256_add_ps(acc0[r], acc1[r])) + (_mm_cvtss_f32(_mm_movehdup_ps(ms)) + summs);
-  }
-}
+// The Q4_1 block-pair skeleton and the packed-activation tile kernel, with this file's target.
+#define SI_TILE_TARGET "avx2,fma,f16c"
+#define SI_TILE_VNNI 0
+#define SI_TILE_MAX 2
+#include "backend/cpu/q4_1_tile.inc"
+#undef SI_TILE_TARGET
+#undef SI_TILE_VNNI
+#undef SI_TILE_MAX
 
 template <int T>
 SI_AVX2_INLINE void DotQ4_1Rows(int64_t n, const BlockQ4_1* a, const uint8_t* x, size_t stride,
@@ -548,8 +519,8 @@ SI_AVX2_INLINE void DotQ4_1Rows(int64_t n, const BlockQ4_1* a, const uint8_t* x,
       [&](int64_t i, __m256 (&acc)[T], __m128 (&ms)[T]) SI_AVX2_LAMBDA {
         PairQ4_1Rows<T>(a, x, stride, i, acc, ms);
       },
-      [&](int r) SI_AVX2_LAMBDA {
-        return std::pair(a, reinterpret_cast<const BlockQ8_1*>(x + r * stride));
+      [&](int r, int64_t i) SI_AVX2_LAMBDA {
+        return std::pair(a + i, reinterpret_cast<const BlockQ8_1*>(x + r * stride) + i);
       },
       out);
 }
@@ -601,8 +572,8 @@ SI_AVX2_INLINE void DotQ4_1WeightRows(int64_t n, const uint8_t* w, size_t w_stri
       [&](int64_t i, __m256 (&acc)[R], __m128 (&ms)[R]) SI_AVX2_LAMBDA {
         PairQ4_1WeightRows<R>(w, w_stride, b, i, acc, ms);
       },
-      [&](int r) SI_AVX2_LAMBDA {
-        return std::pair(reinterpret_cast<const BlockQ4_1*>(w + r * w_stride), b);
+      [&](int r, int64_t i) SI_AVX2_LAMBDA {
+        return std::pair(reinterpret_cast<const BlockQ4_1*>(w + r * w_stride) + i, b + i);
       },
       out);
 }
@@ -623,6 +594,41 @@ SI_AVX2 void VecDotQ4_1Q8_1Multi(int64_t n, const void* w, const void* x, size_t
   for (; count >= 2; count -= 2, xb += 2 * x_stride, out += 2)
     DotQ4_1Rows<2>(n, a, xb, x_stride, out);
   if (count == 1) out[0] = VecDotQ4_1Q8_1(n, w, xb);
+}
+
+// ---- Q4_1 weights against packed Q8_1 activations (TypeOps::vec_dot_packed) ----
+//
+// A tree pass dots every weight row with several tokens; per (row, token, pair of blocks) the
+// regrouping of the activation bytes and the F16C conversion of their fp16 fields in
+// PairQ4_1Rows are the same for every row, so PackQ8_1 does them once per token and product
+// (PackedPairQ8_1 in quants.h). What remains per output is the single-row kernel's arithmetic
+// itself: the same products (p = weight fields x activation fields), the same integer sums,
+// the same FMA into the same accumulator, in the same order, so each result is bit-identical
+// to VecDotQ4_1Q8_1's.
+
+SI_AVX2 size_t PackedQ8_1Bytes(int64_t n) {
+  const int64_t nb = n / kQK;
+  return static_cast<size_t>(nb / 2) * sizeof(PackedPairQ8_1) +
+         static_cast<size_t>(nb % 2) * sizeof(BlockQ8_1);
+}
+
+SI_AVX2 void PackQ8_1(int64_t n, const void* x, void* dst) {
+  const BlockQ8_1* b = static_cast<const BlockQ8_1*>(x);
+  PackedPairQ8_1* pp = static_cast<PackedPairQ8_1*>(dst);
+  const int64_t nb = n / kQK;
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2, ++pp) {
+    uint32_t x0, x1;
+    std::memcpy(&x0, &b[i].d, 4);
+    std::memcpy(&x1, &b[i + 1].d, 4);
+    // The very conversion PairQ4_1Rows makes per row.
+    _mm_storeu_ps(pp->h, _mm_cvtph_ps(_mm_set_epi32(0, 0, static_cast<int>(x1),
+                                                    static_cast<int>(x0))));
+    const __m256i y0 = Load32(b[i].qs), y1 = Load32(b[i + 1].qs);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pp->lo), _mm256_permute2x128_si256(y0, y1, 0x20));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pp->hi), _mm256_permute2x128_si256(y0, y1, 0x31));
+  }
+  if (i < nb) std::memcpy(pp, &b[i], sizeof(BlockQ8_1));
 }
 
 SI_AVX2 float VecDotQ5_0Q8_0(int64_t n, const void* w, const void* x) {
@@ -648,10 +654,76 @@ SI_AVX2 float VecDotQ8_0Q8_0(int64_t n, const void* w, const void* x) {
   return DotBlocks<BlockQ8_0, BlockQ8_0, StepQ8<BlockQ8_0, BlockQ8_0>>(n, w, x);
 }
 
+// VecDotQ8_0Q8_0 for T activation rows (TypeOps::vec_dot_multi; the output layer of models with
+// tied Q8_0 embeddings runs every tree token through it): per block the weight quants are loaded,
+// their absolute values formed and the weight scale converted once; every row then runs
+// DotBlocks' sequence for StepQ8 (same scale product, same integer sums, same FMA into the same
+// one of two accumulators, same reduction), so each result is bit-identical to VecDotQ8_0Q8_0's.
+template <int T>
+SI_AVX2_INLINE void StepQ8_0Rows(const BlockQ8_0& a, const uint8_t* x, size_t stride, int64_t i,
+                                 __m256 (&acc)[T]) {
+  const float dw = Half(a.d);
+  const __m256i w = Load32(a.qs);
+  const __m256i uw = _mm256_sign_epi8(w, w);
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t) {
+    const BlockQ8_0& b = reinterpret_cast<const BlockQ8_0*>(x + t * stride)[i];
+    const __m256 d = _mm256_set1_ps(dw * Half(b.d));
+    acc[t] = _mm256_fmadd_ps(d, MulSumU8I8(uw, _mm256_sign_epi8(Load32(b.qs), w)), acc[t]);
+  }
+}
+
+template <int T>
+SI_AVX2_INLINE void DotQ8_0Rows(int64_t n, const BlockQ8_0* a, const uint8_t* x, size_t stride,
+                                float* out) {
+  const int64_t nb = n / kQK;
+  __m256 acc0[T], acc1[T];
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t) acc0[t] = acc1[t] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    StepQ8_0Rows<T>(a[i], x, stride, i, acc0);
+    StepQ8_0Rows<T>(a[i + 1], x, stride, i + 1, acc1);
+  }
+  if (i < nb) StepQ8_0Rows<T>(a[i], x, stride, i, acc0);
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t) out[t] = Hsum(_mm256_add_ps(acc0[t], acc1[t]));
+}
+
+SI_AVX2 void VecDotQ8_0Q8_0Multi(int64_t n, const void* w, const void* x, size_t x_stride,
+                                 int count, float* out) {
+  const BlockQ8_0* a = static_cast<const BlockQ8_0*>(w);
+  const uint8_t* xb = static_cast<const uint8_t*>(x);
+  switch (count) {
+    case 4: return DotQ8_0Rows<4>(n, a, xb, x_stride, out);
+    case 3: return DotQ8_0Rows<3>(n, a, xb, x_stride, out);
+    case 2: return DotQ8_0Rows<2>(n, a, xb, x_stride, out);
+    default: return DotQ8_0Rows<1>(n, a, xb, x_stride, out);
+  }
+}
+
 SI_AVX2 float VecDotQ8_1Q8_1(int64_t n, const void* w, const void* x) {
   return DotBlocks<BlockQ8_1, BlockQ8_1, StepQ8<BlockQ8_1, BlockQ8_1>>(n, w, x);
 }
 
 }  // namespace specinfer::cpu::avx2
+
+// The packed Q4_1 tile kernel again for CPUs with AVX-512 VL + VNNI (type_ops.cc hands it out
+// when GetCpuFeatures().use_avx512_kernels): still 256-bit vectors with the AVX2 kernel's lane
+// layout, so every float operation is the same; vpdpbusd forms the integer sums, and the 32
+// vector registers hold a tile of 4 tokens instead of 2.
+namespace specinfer::cpu::avx512 {
+
+using namespace avx2;  // NOLINT: the AVX2 helpers, inlined into the wider target
+
+#define SI_TILE_TARGET "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"
+#define SI_TILE_VNNI 1
+#define SI_TILE_MAX 4
+#include "backend/cpu/q4_1_tile.inc"
+#undef SI_TILE_TARGET
+#undef SI_TILE_VNNI
+#undef SI_TILE_MAX
+
+}  // namespace specinfer::cpu::avx512
 
 #endif  // SPECINFER_HAVE_X86_KERNELS

@@ -7,6 +7,11 @@ namespace specinfer::cpu {
 
 namespace {
 
+bool EnvSet(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
+}
+
 CpuFeatures Detect() {
   CpuFeatures f;
 #if defined(__x86_64__) || defined(__i386__)
@@ -15,10 +20,13 @@ CpuFeatures Detect() {
   f.fma = __builtin_cpu_supports("fma");
   f.f16c = __builtin_cpu_supports("f16c");
   f.avx512f = __builtin_cpu_supports("avx512f");
+  f.avx512vl = __builtin_cpu_supports("avx512vl");
+  f.avx512bw = __builtin_cpu_supports("avx512bw");
+  f.avx512vnni = __builtin_cpu_supports("avx512vnni");
 #endif
-  const char* off = std::getenv("SPECINFER_NO_AVX2");
-  const bool disabled = off != nullptr && off[0] != '\0' && std::strcmp(off, "0") != 0;
-  f.use_avx2_kernels = f.avx2 && f.fma && f.f16c && !disabled;
+  f.use_avx2_kernels = f.avx2 && f.fma && f.f16c && !EnvSet("SPECINFER_NO_AVX2");
+  f.use_avx512_kernels = f.use_avx2_kernels && f.avx512f && f.avx512vl && f.avx512bw &&
+                         f.avx512vnni && !EnvSet("SPECINFER_NO_AVX512");
   return f;
 }
 

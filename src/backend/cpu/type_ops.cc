@@ -12,6 +12,9 @@
 //                 so that the m * sum(x) term costs one multiply per block.
 //   Q8_1 -> Q8_1: Q8_1 as a weight type (ggml never stores it in files, but it is complete).
 // K-quants are not supported yet (GetTypeOps returns nullptr for them).
+// Multi-token entry points (token-tree passes, prompts): Q4_1 activations packed once per product
+// for vec_dot_packed (AVX2, or AVX-512 VL/VNNI where the CPU has it: the kAvx512 table is the AVX2
+// one with those kernels replaced); Q8_0 and F32 through vec_dot_multi.
 #include "backend/cpu/type_ops.h"
 
 #include <array>
@@ -93,7 +96,20 @@ const Table& Avx2Table() {
     Table t = SPECINFER_FILL_TABLE(avx2);
     t.ops[static_cast<size_t>(DType::kQ4_1)].vec_dot_multi = avx2::VecDotQ4_1Q8_1Multi;
     t.ops[static_cast<size_t>(DType::kQ4_1)].vec_dot_rows = avx2::VecDotQ4_1Q8_1Rows;
+    t.ops[static_cast<size_t>(DType::kQ4_1)].packed_bytes = avx2::PackedQ8_1Bytes;
+    t.ops[static_cast<size_t>(DType::kQ4_1)].pack = avx2::PackQ8_1;
+    t.ops[static_cast<size_t>(DType::kQ4_1)].vec_dot_packed = avx2::VecDotQ4_1Packed;
     t.ops[static_cast<size_t>(DType::kF32)].vec_dot_multi = avx2::VecDotF32Multi;
+    t.ops[static_cast<size_t>(DType::kQ8_0)].vec_dot_multi = avx2::VecDotQ8_0Q8_0Multi;
+    return t;
+  }();
+  return table;
+}
+
+const Table& Avx512Table() {
+  static const Table table = [] {
+    Table t = Avx2Table();
+    t.ops[static_cast<size_t>(DType::kQ4_1)].vec_dot_packed = avx512::VecDotQ4_1Packed;
     return t;
   }();
   return table;
@@ -113,13 +129,19 @@ const TypeOps* GetTypeOpsForIsa(DType t, KernelIsa isa) {
       if (GetCpuFeatures().use_avx2_kernels) return Avx2Table().Get(t);
 #endif
       return nullptr;
+    case KernelIsa::kAvx512:
+#if defined(SPECINFER_HAVE_X86_KERNELS)
+      if (GetCpuFeatures().use_avx512_kernels) return Avx512Table().Get(t);
+#endif
+      return nullptr;
   }
   return nullptr;
 }
 
 const TypeOps* GetTypeOps(DType t) {
-  static const KernelIsa isa =
-      GetCpuFeatures().use_avx2_kernels ? KernelIsa::kAvx2 : KernelIsa::kScalar;
+  static const KernelIsa isa = GetCpuFeatures().use_avx512_kernels ? KernelIsa::kAvx512
+                               : GetCpuFeatures().use_avx2_kernels  ? KernelIsa::kAvx2
+                                                                    : KernelIsa::kScalar;
   return GetTypeOpsForIsa(t, isa);
 }
 

@@ -7,6 +7,7 @@
 // dequantised as a whole.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "tensor/dtype.h"
@@ -35,9 +36,18 @@ struct TypeOps {
   // saves work when a single token streams through the weights; nullptr where absent.
   void (*vec_dot_rows)(int64_t n, const void* w, size_t w_stride, const void* x, int count,
                        float* out) = nullptr;
+  // Optional, together: vec_dot_multi for 1..kMaxPackedDot rows rearranged once per product
+  // (`pack` turns one vec_dot_type row of n elements into packed_bytes(n) bytes), so that the
+  // per-token regrouping work is not repeated for every weight row. Each result bit-identical
+  // to vec_dot's on the unpacked row; nullptr where absent.
+  size_t (*packed_bytes)(int64_t n) = nullptr;
+  void (*pack)(int64_t n, const void* x, void* dst) = nullptr;
+  void (*vec_dot_packed)(int64_t n, const void* w, const void* xp, size_t xp_stride, int count,
+                         float* out) = nullptr;
 };
 
 inline constexpr int kMaxMultiDot = 4;
+inline constexpr int kMaxPackedDot = 8;
 
 // The routines for `t`, or nullptr if the CPU backend cannot use weights of that type.
 const TypeOps* GetTypeOps(DType t);
