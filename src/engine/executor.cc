@@ -4,6 +4,7 @@
 
 #include <chrono>
 
+#include "engine/generation.h"
 #include "engine/guarded.h"
 
 namespace specinfer {
@@ -17,7 +18,7 @@ PassOutput Executor::Run(const ForwardBatch& batch, std::span<const LogitsRows> 
     logits_.resize(batch.logit_rows.size() * static_cast<size_t>(vocab));
     return runner_.Forward(batch, kv_, logits_);
   });
-  out.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  out.seconds = SecondsSince(t0);
   if (!out.status.ok()) {
     spdlog::error("forward pass of {} sequences ({} tokens) failed: {}", members.size(),
                   batch.size(), out.status.ToString());

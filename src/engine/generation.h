@@ -4,6 +4,7 @@
 // Thread safety: plain values.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -76,6 +77,11 @@ struct GenerateResult {
 // Called with each new token as soon as it is chosen, with the LLM's raw logits row it was chosen
 // from ([vocab]: before temperature, top-k and top-p; valid during the call only). Returning
 // false cancels generation.
+// Seconds elapsed since `start` on the steady clock (the timings of GenerateStats).
+inline double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 using TokenCallback = std::function<bool(int32_t token, std::span<const float> logits)>;
 
 }  // namespace specinfer

@@ -8,9 +8,6 @@ namespace specinfer {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
 }  // namespace
 
 const char* FinishReasonName(FinishReason r) {
@@ -176,7 +173,7 @@ void Sequence::Finish(FinishReason reason) {
   result_.finish_reason = reason;
   GenerateStats& stats = result_.stats;
   stats.generated_tokens = static_cast<int32_t>(result_.tokens.size());
-  if (decode_started_) stats.decode_seconds = Seconds(decode_start_, Clock::now());
+  if (decode_started_) stats.decode_seconds = SecondsSince(decode_start_);
 }
 
 void Sequence::AddPassSeconds(double seconds) {

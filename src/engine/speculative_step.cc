@@ -11,9 +11,6 @@ namespace specinfer {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
 }  // namespace
 
 SpeculativeStep::SpeculativeStep(KvCacheManager& kv, SeqId seq, SpeculationStats& stats)
@@ -64,7 +61,7 @@ StatusOr<int32_t> SpeculativeStep::Plan(int32_t root, const DraftContext* ctx, i
       SI_RETURN_IF_ERROR(tree_.Merge(std::move(*t)));
     }
   }
-  stats_.draft_seconds += Seconds(d0, Clock::now());
+  stats_.draft_seconds += SecondsSince(d0);
 
   // --- the tree, laid out depth-first after the committed entries ---
   committed_ = committed;
@@ -109,7 +106,7 @@ StatusOr<SpeculativeStep::Outcome> SpeculativeStep::Verify(std::span<const float
   Outcome out;
   out.committed = committed_ + 1 + accepted;
   kv_.Truncate(seq_, out.committed);
-  stats_.verify_seconds += Seconds(c0, Clock::now());
+  stats_.verify_seconds += SecondsSince(c0);
   Record(verified.accepted);
 
   // The accepted tokens, then the LLM's own. Token i was chosen from the logits of its parent:

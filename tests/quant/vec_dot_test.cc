@@ -237,6 +237,18 @@ TEST(VecDotTest, RealModelRows) {
 namespace specinfer {
 namespace {
 
+// out[r] for r < count must be bit for bit vec_dot of `w` with activation row r of `xq` (rows of
+// `row_bytes`): what every multi-token kernel promises.
+void ExpectEachRowIsVecDot(const cpu::TypeOps& ops, int64_t n, const std::vector<uint8_t>& w,
+                           const std::vector<uint8_t>& xq, size_t row_bytes, int count,
+                           const float* out) {
+  for (int r = 0; r < count; ++r) {
+    const float want = ops.vec_dot(n, w.data(), xq.data() + r * row_bytes);
+    EXPECT_EQ(std::memcmp(&want, &out[r], sizeof(float)), 0)
+        << "n=" << n << " count=" << count << " row " << r << ": " << out[r] << " vs " << want;
+  }
+}
+
 // vec_dot_multi (several activation rows per weight row read) must give each row exactly what
 // vec_dot gives it: token-tree passes rely on it to reproduce incremental decoding bit for bit.
 TEST(VecDotMulti, EachRowIsBitIdenticalToVecDot) {
@@ -261,12 +273,7 @@ TEST(VecDotMulti, EachRowIsBitIdenticalToVecDot) {
         for (int count = 1; count <= cpu::kMaxMultiDot; ++count) {
           float out[cpu::kMaxMultiDot];
           ops->vec_dot_multi(n, w.data(), xq.data(), row_bytes, count, out);
-          for (int r = 0; r < count; ++r) {
-            const float want = ops->vec_dot(n, w.data(), xq.data() + r * row_bytes);
-            EXPECT_EQ(std::memcmp(&want, &out[r], sizeof(float)), 0)
-                << "n=" << n << " count=" << count << " row " << r << ": " << out[r]
-                << " vs " << want;
-          }
+          ExpectEachRowIsVecDot(*ops, n, w, xq, row_bytes, count, out);
         }
       }
       ++checked;
@@ -303,12 +310,7 @@ TEST(VecDotPacked, EachRowIsBitIdenticalToVecDot) {
         for (int count = 1; count <= cpu::kMaxPackedDot; ++count) {
           float out[cpu::kMaxPackedDot];
           ops->vec_dot_packed(n, w.data(), xp.data(), packed_bytes, count, out);
-          for (int r = 0; r < count; ++r) {
-            const float want = ops->vec_dot(n, w.data(), xq.data() + r * row_bytes);
-            EXPECT_EQ(std::memcmp(&want, &out[r], sizeof(float)), 0)
-                << "n=" << n << " count=" << count << " row " << r << ": " << out[r]
-                << " vs " << want;
-          }
+          ExpectEachRowIsVecDot(*ops, n, w, xq, row_bytes, count, out);
         }
       }
       ++checked;
