@@ -26,6 +26,8 @@ StatusOr<std::unique_ptr<Model>> LoadLlama2cCheckpoint(const std::string& path) 
   c.n_heads = h.n_heads;
   c.n_kv_heads = h.n_kv_heads;
   // A negative vocab_size marks an untied output classifier stored after the legacy blocks.
+  // INT32_MIN has no negation: refused before negating (UBSan caught the old order).
+  if (h.vocab_size == INT32_MIN) return DataLossError("'" + path + "': vocab_size is INT32_MIN");
   c.tied_output = h.vocab_size > 0;
   c.vocab_size = h.vocab_size > 0 ? h.vocab_size : -h.vocab_size;
   c.max_seq_len = h.seq_len;
@@ -33,7 +35,6 @@ StatusOr<std::unique_ptr<Model>> LoadLlama2cCheckpoint(const std::string& path) 
   c.rope_theta = 10000.0f;
   c.norm_eps = 1e-5f;
   c.rope_style = RopeStyle::kInterleaved;
-  if (h.vocab_size == INT32_MIN) return DataLossError("'" + path + "': vocab_size is INT32_MIN");
   Status valid = c.Validate();
   if (!valid.ok()) return valid.WithContext("'" + path + "'");
 
