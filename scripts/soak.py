@@ -46,6 +46,7 @@ import http.client
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -71,6 +72,10 @@ PROMPTS = [
     "Ben had a toy car. Ben had a toy car. Ben had a",
 ]
 MAX_TOKENS = [8, 24, 64]
+# The cluster serves a request alone at ~75 tokens/s on 2 cores (RPC round trips per token), so
+# its reference table is smaller: 4 prompts (one repetitive, for prompt lookup) x 2 lengths.
+CLUSTER_PROMPTS = [0, 1, 3, 7]
+CLUSTER_MAX_TOKENS = [8, 32]
 ENDPOINTS = ["/v1/completions", "/v1/chat/completions"]
 # Seeded sampling: a sampled request without speculation must equal its reference too.
 SAMPLINGS = [("greedy", {"temperature": 0}),
@@ -159,10 +164,10 @@ class Daemon:
         """Child pids of the launcher by name, read from the log's restarts and the start list."""
         pids = {name: pid for name, (pid, _) in self.workers.items()}
         for line in self.log_tail(100000).splitlines():
-            # "[warning] llm[2] 127.0.0.1:5203 restarted (pid 22169)"
-            if " restarted (pid " in line:
-                name = line.split("] ", 1)[-1].split()[0]
-                pids[name] = int(line.rsplit("(pid ", 1)[1].rstrip(")\n "))
+            # "... [warning] llm[2] 127.0.0.1:5203 restarted (pid 22169)"
+            m = re.search(r"(\w+\[\d+\]) \S+ restarted \(pid (\d+)\)", line)
+            if m:
+                pids[m.group(1)] = int(m.group(2))
         return pids
 
 
@@ -436,6 +441,8 @@ class Tally:
         self.completed_greedy_checked = 0
         self.completed_sampled_checked = 0
         self.latencies = []
+        self.fault_errors = collections.Counter()  # message (digits masked) -> count
+        self.fault_error_spans = []  # (start, end) of each request that got one
 
     def fail(self, what):
         with self.mu:
@@ -476,6 +483,9 @@ def run_one(port, req, refs, tally, outage, timeout):
         if status is not None and (status >= 500 or status == 200) and error and \
                 outage.covers(t0, t1):
             outcome = "expected fault error"
+            with tally.mu:
+                tally.fault_errors["%s %s" % (status, re.sub(r"\d+", "N", error)[:160])] += 1
+                tally.fault_error_spans.append((t0, t1))
         else:
             outcome = "unexpected"
             tally.fail("%s: status %s, error %r" % (req["label"], status, error))
@@ -498,6 +508,7 @@ def run_one(port, req, refs, tally, outage, timeout):
                     tally.completed_sampled_checked += 1
     with tally.mu:
         tally.outcomes[outcome] += 1
+    return outcome
 
 
 def record_references(port, timeout):
@@ -528,7 +539,8 @@ def mixed_phase(port, plan, n, concurrency, deadline, refs, tally, outage, timeo
                     return
                 state["next"] += 1
                 req = plan.next()
-            run_one(port, req, refs, tally, outage, timeout)
+            if run_one(port, req, refs, tally, outage, timeout) == "expected fault error":
+                time.sleep(0.2)  # as a client would back off, not spin on a down cluster
             with lock:
                 state["done"] += 1
                 done = state["done"]
@@ -575,19 +587,21 @@ def probe_until_serving(port, timeout):
 
 
 class Faults:
-    """Cluster mode: SIGKILL an SSM worker at 30% of the requests and an LLM worker at 60%."""
+    """Cluster mode: SIGKILL an SSM worker at 30% of the run and an LLM worker at 60%."""
 
     def __init__(self, daemon, n, outage, tally):
         self.daemon, self.outage, self.tally = daemon, outage, tally
-        self.points = [(int(n * 0.3), "ssm[0]"), (int(n * 0.6), "llm[%d]" % (daemon.args.tp *
-                                                                             daemon.args.pp - 1))]
+        self.n, self.t0, self.span = n, time.time(), daemon.args.max_seconds
+        # At a fraction of the run: of the requests, or of --max-seconds if that comes first.
+        self.points = [(0.3, "ssm[0]"), (0.6, "llm[%d]" % (daemon.args.tp * daemon.args.pp - 1))]
         self.injected = []
         self.threads = []
         self.mu = threading.Lock()
 
     def on_progress(self, done):
+        frac = max(done / self.n, (time.time() - self.t0) / self.span)
         with self.mu:
-            while self.points and done >= self.points[0][0]:
+            while self.points and frac >= self.points[0][0]:
                 _, victim = self.points.pop(0)
                 t = threading.Thread(target=self.kill, args=(victim,), daemon=True)
                 self.threads.append(t)
@@ -597,6 +611,7 @@ class Faults:
         pid = self.daemon.worker_pids_now()[victim]
         llm = victim.startswith("llm")
         window = self.outage.begin() if llm else None
+        t_kill = time.time()
         os.kill(pid, signal.SIGKILL)
         log("fault: SIGKILL %s (pid %d)" % (victim, pid))
         # The launcher restarts it (restart_workers); requests succeed again once it is back.
@@ -604,7 +619,7 @@ class Faults:
         if window is not None:
             self.outage.end(window)
         with self.mu:
-            self.injected.append((victim, pid, took))
+            self.injected.append((victim, pid, took, t_kill))
         if took is None:
             self.tally.fail("after SIGKILL of %s the cluster did not serve again within 120 s"
                             % victim)
@@ -655,6 +670,10 @@ def main():
 
 
 def run(args, daemon):
+    global PROMPTS, MAX_TOKENS
+    if args.cluster:
+        PROMPTS = [PROMPTS[i] for i in CLUSTER_PROMPTS]
+        MAX_TOKENS = CLUSTER_MAX_TOKENS
     t_start = time.time()
     daemon.start()
     port = daemon.port
@@ -686,10 +705,19 @@ def run(args, daemon):
 
     tally = Tally()
     faults = Faults(daemon, args.requests, outage, tally) if args.cluster else None
+    rss_trace = []  # (requests done, RSS KiB) at every tenth of the run: flat, or a leak's slope
+    step = max(1, args.requests // 10)
+
+    def on_progress(done):
+        if faults:
+            faults.on_progress(done)
+        if done % step == 0:
+            rss_trace.append((done, daemon.rss_kib()))
+
     t0 = time.time()
     sent, hung = mixed_phase(port, plan, args.requests, args.concurrency,
                              t0 + args.max_seconds, refs, tally, outage, args.request_timeout,
-                             on_progress=faults.on_progress if faults else None)
+                             on_progress=on_progress)
     elapsed = time.time() - t0
     if faults:
         faults.join(150)
@@ -724,7 +752,19 @@ def run(args, daemon):
     if faults:
         log("faults injected: %s" % ", ".join(
             "SIGKILL %s (pid %d), serving again after %s" %
-            (v, pid, "%.1f s" % t if t is not None else "never") for v, pid, t in faults.injected))
+            (v, pid, "%.1f s" % t if t is not None else "never") for v, pid, t, _ in
+            faults.injected))
+        for msg, k in tally.fault_errors.most_common():
+            log("  %5d  expected fault error: %s" % (k, msg))
+        llm_kills = [t for v, _, _, t in faults.injected if v.startswith("llm")]
+        if tally.fault_error_spans and llm_kills:
+            k = llm_kills[0]
+            log("  requests with a fault error started %.1f .. %.1f s after the LLM worker's "
+                "kill, ended %.1f .. %.1f s after it" %
+                (min(a for a, _ in tally.fault_error_spans) - k,
+                 max(a for a, _ in tally.fault_error_spans) - k,
+                 min(b for _, b in tally.fault_error_spans) - k,
+                 max(b for _, b in tally.fault_error_spans) - k))
     else:
         log("faults injected: client-side only (cancellations, malformed requests)")
     finished = {k.split('"')[1]: after.get(k, 0) - before.get(k, 0) for k in after
@@ -739,7 +779,7 @@ def run(args, daemon):
           "completed greedy outputs equal to their output alone: %d (and %d seeded sampled)" %
           (tally.completed_greedy_checked, tally.completed_sampled_checked))
     if faults:
-        check(len(faults.injected) == 2 and all(t is not None for _, _, t in faults.injected),
+        check(len(faults.injected) == 2 and all(t is not None for _, _, t, _ in faults.injected),
               "both faults injected and the cluster served again after each")
     check(health == 200, "/health answers %d" % health)
     check(after.get("specinfer_queue_length") == 0, "queue entries leaked: %g" %
@@ -761,6 +801,8 @@ def run(args, daemon):
           (rss_before / 1024, (rss_after or 0) / 1024,
            100.0 * ((rss_after or 0) - rss_before) / rss_before, bound / 1024,
            args.rss_growth_pct, args.rss_slack_mib))
+    log("RSS during the run (requests done: MiB): %s" % ", ".join(
+        "%d: %.1f" % (d, r / 1024) for d, r in rss_trace if r))
     if args.cluster:
         pids = daemon.worker_pids_now()
         log("workers' RSS now: %s" % ", ".join(
