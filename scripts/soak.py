@@ -710,6 +710,13 @@ def main():
         if rc != 0:
             log("FAIL: the daemon exited with status %s on SIGTERM" % rc)
             ok = False
+        # A sanitizer build (scripts/test.sh --sanitize) reports into the log.
+        reports = [line for line in daemon.log_tail(1000000).splitlines()
+                   if "Sanitizer" in line and "ERROR" in line or ": runtime error:" in line]
+        if reports:
+            log("FAIL: sanitizer reports in the daemon's log: %d, first: %s" % (len(reports),
+                                                                              reports[0]))
+            ok = False
         if not ok:
             log("---- tail of the daemon's log")
             log(daemon.log_tail())
@@ -794,8 +801,14 @@ def run(args, daemon):
         log("latency p50 %.3f s, p99 %.3f s, max %.3f s" %
             (lat[len(lat) // 2], lat[int(len(lat) * 0.99)], lat[-1]))
     log("by kind: %s" % dict(tally.by_kind))
-    for label, n in sorted(tally.by_label.items()):
-        log("  %5d  %s" % (n, label))
+    features = collections.Counter()  # valid requests by each of their features
+    for label, n in tally.by_label.items():
+        if label.startswith(("chat ", "completion ")):
+            for word in label.split():
+                features[word] += n
+        else:
+            features[label] += n
+    log("by feature: %s" % ", ".join("%s %d" % kv for kv in sorted(features.items())))
     log("outcomes: %s" % dict(tally.outcomes))
     if faults:
         log("faults injected: %s" % ", ".join(
