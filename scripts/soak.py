@@ -107,7 +107,7 @@ class Daemon:
         self.proc = None
         self.port = None
         self.workers = {}  # "ssm[0]" -> (pid, address), as printed at start
-        self.stderr_path = os.path.join(tmp, "daemon.log")
+        self.stderr_path = args.log or os.path.join(tmp, "daemon.log")
 
     def start(self):
         env = dict(os.environ, SPECINFER_API_KEY=API_KEY)
@@ -690,6 +690,8 @@ def main():
     ap.add_argument("--max-seconds", type=float, default=600, help="no request starts later")
     ap.add_argument("--request-timeout", type=float, default=60)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--log", help="write the daemon's log (standard error) here, not to a "
+                    "temporary file")
     ap.add_argument("--threads", type=int, default=2, help="serve: engine threads")
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--pp", type=int, default=2)
@@ -710,6 +712,18 @@ def main():
         if rc != 0:
             log("FAIL: the daemon exited with status %s on SIGTERM" % rc)
             ok = False
+        if args.cluster and daemon.proc is not None:
+            # Every worker, restarted ones included, drained and exited 0 on the launcher's
+            # SIGTERM (none killed mid-shutdown, none left to SIGKILL).
+            stopped = [line.split(" stopped: ", 1) for line in daemon.log_tail(1000000).splitlines()
+                       if " stopped: " in line]
+            bad = [line for line, how in stopped if how.strip() != "exited with status 0"]
+            if not stopped or bad:
+                log("FAIL: workers that did not stop cleanly: %d of %d: %s" %
+                    (len(bad), len(stopped), bad[:3]))
+                ok = False
+            else:
+                log("ok: every worker (%d) exited 0 on SIGTERM" % len(stopped))
         # A sanitizer build (scripts/test.sh --sanitize) reports into the log.
         reports = [line for line in daemon.log_tail(1000000).splitlines()
                    if "Sanitizer" in line and "ERROR" in line or ": runtime error:" in line]
