@@ -28,12 +28,12 @@ then:
      draft sessions back at their idle values; the RSS grew by at most --rss-growth-pct percent
      plus --rss-slack-mib MiB over the warm-up value.
 
-The RSS bound (default +10% + 8 MiB): after the warm-up `serve` holds ~250 MiB, nearly all of it
-fixed (model, KV pool, the HTTP handler threads' stacks); over the mixed phase it grows by 7-9
-MiB whether 1500 or 20000 requests run (malloc arenas of the handler threads reaching their
-high-water marks), then stays flat. The bound is ~3x that plateau, and a leak of 2 KiB per
-request fails a 20000-request run. The run prints RSS at every tenth of the requests, so a slope
-shows even within the bound.
+The RSS bound (default +10% + 8 MiB): after the warm-up `serve` holds ~215 MiB (--max-queue 64),
+nearly all of it fixed: the CUDA libraries linked into every build (~60 MiB of code), OpenBLAS's
+per-thread buffers, the model and KV pool, the 80 HTTP handler threads' stacks. Over the mixed
+phase it grows by 5-9 MiB, most of it early, as handler threads and malloc arenas reach their
+high-water marks, and the growth flattens out (the printed trace: RSS at every tenth of the run).
+The bound is ~3x that, and a leak of 2 KiB per request fails a 20000-request run.
 
 What counts as an expected error follows the documented fault behaviour (README, "Faults"): an
 SSM worker's death fails nothing (its sessions move on, or decode plainly); an LLM worker's death
@@ -121,7 +121,7 @@ class Daemon:
             cmd = [self.args.bin, "--log-level", "warn", "serve", "--model", MODEL,
                    "--tokenizer", TOKENIZER, "--port", "0", "--grpc-port", "0", "--threads",
                    str(self.args.threads), "--chat-template", "chatml", "--max-batch", "8",
-                   "--max-queue", "256", "--max-body-bytes", str(MAX_BODY),
+                   "--max-queue", str(self.args.max_queue), "--max-body-bytes", str(MAX_BODY),
                    "--draft", "ngram", "--draft", "layers:2", "--tree", "1,1,2,1"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(self.stderr_path, "w"),
                                      text=True, env=env)
@@ -185,7 +185,7 @@ def cluster_config(args):
     return """
 models:
   llm: {path: %s, tokenizer: %s}
-limits: {max_batch: 8, max_queue: 256, max_body_bytes: %d}
+limits: {max_batch: 8, max_queue: %d, max_body_bytes: %d}
 manager: {http_port: 0, grpc_port: 0, threads: 1, tree: "1,1,2,1", probe_interval_ms: 200,
           rpc_timeout_ms: 3000, drain_timeout_s: 5}
 ssm:
@@ -199,7 +199,7 @@ llm:
   threads: 1
   workers: [%s]
 restart_workers: true
-""" % (MODEL, TOKENIZER, MAX_BODY, args.tp, args.pp, llm_workers)
+""" % (MODEL, TOKENIZER, args.max_queue, MAX_BODY, args.tp, args.pp, llm_workers)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -693,6 +693,8 @@ def main():
     ap.add_argument("--log", help="write the daemon's log (standard error) here, not to a "
                     "temporary file")
     ap.add_argument("--threads", type=int, default=2, help="serve: engine threads")
+    ap.add_argument("--max-queue", type=int, default=64,
+                    help="the daemon's queue limit (its HTTP threads: this + 16)")
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--pp", type=int, default=2)
     ap.add_argument("--rss-growth-pct", type=float, default=10)
