@@ -123,8 +123,9 @@ class Daemon:
                    str(self.args.threads), "--chat-template", "chatml", "--max-batch", "8",
                    "--max-queue", str(self.args.max_queue), "--max-body-bytes", str(MAX_BODY),
                    "--draft", "ngram", "--draft", "layers:2", "--tree", "1,1,2,1"]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(self.stderr_path, "w"),
-                                     text=True, env=env)
+        with open(self.stderr_path, "w") as err:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
+                                         env=env)
         deadline = time.time() + 120
         while time.time() < deadline:
             line = self.proc.stdout.readline()
@@ -339,7 +340,7 @@ def valid_body(endpoint, prompt, max_tokens, sampling, spec=None, stream=False, 
     return b
 
 
-def malformed_cases(cluster):
+def malformed_cases():
     """(name, path, body bytes, headers, expected status)."""
     long_prompt = "Once upon a time there was a little cat. " * 200  # far beyond 512 tokens
     ok = json.dumps({"prompt": "The cat", "max_tokens": 4}).encode()
@@ -383,7 +384,7 @@ class Plan:
     def __init__(self, seed, cluster):
         self.rng = random.Random(seed)
         self.cluster = cluster
-        self.malformed = malformed_cases(cluster)
+        self.malformed = malformed_cases()
         if cluster:  # the config's SSM workers (layers:2) by default, or prompt lookup
             self.specs = [("spec:default", {"enabled": True}),
                           ("spec:ngram", {"enabled": True, "draft": ["ngram:3"]}),
@@ -463,9 +464,10 @@ class Outage:
             self.windows[i][1] = time.time()
 
     def covers(self, t0, t1, slack=3.0):
+        """Whether [t0, t1] ends after a kill and starts before `slack` s past its recovery."""
         with self.mu:
             for start, end in self.windows:
-                if t1 >= start - slack and (end is None or t0 <= end + slack):
+                if t1 >= start and (end is None or t0 <= end + slack):
                     return True
         return False
 
