@@ -221,15 +221,24 @@ class ChildSet {
     return children_;
   }
 
-  // No more restarts or exit reports (the launcher is stopping).
-  void StopMonitoring() {
-    stopping_ = true;
-    if (monitor_.joinable()) monitor_.join();
-  }
+  // No more restarts or exit reports (the launcher is stopping). The monitor thread is joined
+  // only by StopAll, once the children are stopped: a child's PR_SET_PDEATHSIG fires when the
+  // *thread* that forked it exits, and the monitor forked every restarted child, so joining it
+  // earlier sent those a SIGTERM of their own before the drain, and StopAll's second one found
+  // them shutting down with the stop signals taken by sigwait no more (a library's thread, e.g.
+  // OpenBLAS's, started before main blocked them) and killed them mid-shutdown.
+  void StopMonitoring() { stopping_ = true; }
 
   // SIGTERM to every child, SIGKILL to those still alive after `grace`.
   void StopAll(std::chrono::seconds grace) {
     StopMonitoring();
+    StopChildren(grace);
+    if (monitor_.joinable()) monitor_.join();
+    StopChildren(grace);  // one the monitor was restarting meanwhile
+  }
+
+ private:
+  void StopChildren(std::chrono::seconds grace) {
     std::lock_guard<std::mutex> lock(mu_);
     for (Child& c : children_)
       if (c.alive) kill(c.pid, SIGTERM);
@@ -256,7 +265,6 @@ class ChildSet {
     }
   }
 
- private:
   void Monitor() {
     while (!stopping_) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -160,6 +160,9 @@ std::string ServerMetrics::Render(const ServingGauges& g) const {
   Sample(&out, "specinfer_kv_blocks_used", "", static_cast<double>(g.kv_blocks_used));
   Header(&out, "specinfer_kv_blocks_total", "gauge", "Paged KV-cache blocks in the pool.");
   Sample(&out, "specinfer_kv_blocks_total", "", static_cast<double>(g.kv_blocks_total));
+  Header(&out, "specinfer_draft_sessions", "gauge",
+         "Draft sessions (one per sequence and speculator) alive in the process.");
+  Sample(&out, "specinfer_draft_sessions", "", static_cast<double>(g.draft_sessions));
   Header(&out, "specinfer_prompt_tokens_total", "counter", "Prompt tokens processed.");
   Sample(&out, "specinfer_prompt_tokens_total", "", static_cast<double>(prompt_tokens_.load()));
   Header(&out, "specinfer_generated_tokens_total", "counter", "Tokens generated.");

@@ -5,6 +5,8 @@
 //   specinfer_queue_length                         gauge    sequences waiting for the engine
 //   specinfer_running_sequences                    gauge    sequences being generated
 //   specinfer_kv_blocks_used / _total              gauge    paged KV-cache blocks
+//   specinfer_draft_sessions                       gauge    speculators' per-sequence sessions
+//                                                           alive in the process (0 when idle)
 //   specinfer_time_to_first_token_seconds          histogram  request arrival -> first token
 //   specinfer_inter_token_latency_seconds          histogram  between consecutive tokens
 //   specinfer_prompt_tokens_total                  counter
@@ -55,6 +57,7 @@ struct ServingGauges {
   int64_t running = 0;
   int64_t kv_blocks_used = 0;
   int64_t kv_blocks_total = 0;
+  int64_t draft_sessions = 0;  // DraftSession::live() (spec/speculator.h)
 };
 
 // What one or more speculative verification passes contributed: for a finished request, its

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "server/output_processor.h"
+#include "spec/speculator.h"
 
 namespace specinfer {
 
@@ -111,6 +112,7 @@ ServingGauges RequestQueue::gauges() const {
   g.running = running_.load();
   g.kv_blocks_used = kv_used_.load();
   g.kv_blocks_total = kv_total_;
+  g.draft_sessions = DraftSession::live();
   return g;
 }
 

@@ -21,6 +21,7 @@
 // Thread safety: a Speculator's sessions are used by one thread at a time (the engine's loop).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -46,13 +47,23 @@ struct DraftContext {
 
 class DraftSession {
  public:
-  virtual ~DraftSession() = default;
+  DraftSession() { live_.fetch_add(1, std::memory_order_relaxed); }
+  DraftSession(const DraftSession&) = delete;
+  DraftSession& operator=(const DraftSession&) = delete;
+  virtual ~DraftSession() { live_.fetch_sub(1, std::memory_order_relaxed); }
+  // DraftSession objects alive in this process, of every speculator and engine (the
+  // specinfer_draft_sessions gauge): with no sequence running it must return to its idle value,
+  // else a session leaked. Any thread.
+  static int64_t live() { return live_.load(std::memory_order_relaxed); }
   // A tree rooted at ctx.tokens.back(); a tree of the root alone when there is nothing to guess.
   virtual StatusOr<TokenTree> Propose(const DraftContext& ctx) = 0;
   // Optional: starts this step's proposal for `ctx` in the background (a remote SSM worker's
   // RPC), so that the drafts of every sequence in a step overlap; the Propose that follows with
   // the same context collects it. The default does nothing (Propose does all the work).
   virtual void Begin(const DraftContext& ctx) {}
+
+ private:
+  static inline std::atomic<int64_t> live_{0};
 };
 
 class Speculator {

@@ -352,6 +352,28 @@ TEST_F(HttpServerTest, DisconnectingMidStreamCancelsAndFreesKv) {
   EXPECT_EQ(next.status, 200);
 }
 
+// Speculative requests, finished or disconnected mid-stream, leave no draft session behind
+// (the specinfer_draft_sessions gauge is back to 0 once the queue is idle).
+TEST_F(HttpServerTest, SpeculativeRequestsLeaveNoDraftSession) {
+  WaitIdle();
+  json req = {{"prompt", "Lily and Ben went to the park. Lily and Ben"},
+              {"max_tokens", 300},
+              {"ignore_eos", true},
+              {"temperature", 0},
+              {"speculation", {{"enabled", true}, {"draft", {"ngram:2", "layers:3"}}}}};
+  SseReply whole = Post("/v1/completions", req);
+  EXPECT_EQ(whole.status, 200) << whole.body;
+  req["stream"] = true;
+  SseReply cut = Post("/v1/completions", req, /*stop_after=*/3);
+  EXPECT_TRUE(cut.aborted);
+  WaitIdle();
+  auto m = Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("\nspecinfer_draft_sessions "), std::string::npos) << m->body;
+  EXPECT_EQ(MetricValue(m->body, "specinfer_draft_sessions"), 0) << m->body;
+  EXPECT_EQ(server_->queue().gauges().draft_sessions, 0);
+}
+
 // Non-streaming requests that outlast the plain-response wait: the body is held open with
 // whitespace and ends in the JSON; and a client that gives up (closes its connection) cancels its
 // generation and frees its KV memory. Needs a model slow enough to outlast the wait: the default

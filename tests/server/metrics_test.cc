@@ -43,7 +43,7 @@ TEST(ServerMetrics, RendersEveryFamily) {
   m.AddPromptTokens(5);
   m.AddGeneratedTokens(7);
   m.CountFinished("stop");
-  ServingGauges g{3, 1, 10, 545};
+  ServingGauges g{3, 1, 10, 545, 2};
   const std::string out = m.Render(g);
   EXPECT_TRUE(
       HasLine(out, "specinfer_requests_total{endpoint=\"/v1/completions\",code=\"200\"} 2"));
@@ -53,6 +53,7 @@ TEST(ServerMetrics, RendersEveryFamily) {
   EXPECT_TRUE(HasLine(out, "specinfer_running_sequences 1"));
   EXPECT_TRUE(HasLine(out, "specinfer_kv_blocks_used 10"));
   EXPECT_TRUE(HasLine(out, "specinfer_kv_blocks_total 545"));
+  EXPECT_TRUE(HasLine(out, "specinfer_draft_sessions 2"));
   EXPECT_TRUE(HasLine(out, "specinfer_prompt_tokens_total 5"));
   EXPECT_TRUE(HasLine(out, "specinfer_generated_tokens_total 7"));
   EXPECT_TRUE(HasLine(out, "specinfer_sequences_finished_total{reason=\"stop\"} 1"));
