@@ -26,16 +26,13 @@ case "$sanitize" in
     # Leaks are checked too (LeakSanitizer); reports name source lines.
     export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:strict_string_checks=1}"
     export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
-    export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$ROOT/scripts/sanitizer/lsan.supp:print_suppressions=0}"
-    # What does not run under ASan, and why: scripts/sanitizer/README.md.
-    ctest_args+=(-LE "no-asan")
     ;;
   thread)
     BUILD_DIR="${BUILD_DIR:-$ROOT/build-tsan}"
     export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$ROOT/scripts/sanitizer/tsan.supp}"
     # The tests whose code runs on several threads: servers, scheduler and engine core, batch
     # generation, distributed workers and collectives.
-    ctest_args+=(-L "server|engine|dist|common")
+    ctest_args+=(-L "server|engine|dist")
     ;;
   *) echo "test.sh: --sanitize takes address,undefined, address, undefined or thread" >&2; exit 2 ;;
 esac
