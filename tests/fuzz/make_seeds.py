@@ -305,6 +305,9 @@ def chat_template_seeds():
           "<|im_end|>\\n' }}{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
           "{{ m['content'] }}<|im_end|>\n{% endfor %}")
     write("chat_template", "chatml_unterminated.jinja", "<|im_start|>system\n" * 8)
+    # Regression: many system headers and one quote before the only <|im_end|> (was quadratic).
+    write("chat_template", "regression_many_heads.jinja",
+          "<|im_start|>system\n" * 200 + "'<|im_end|>")
     write("chat_template", "llama2_markers.jinja", "[INST] <<SYS>> bos_token .strip()")
     write("chat_template", "empty.jinja", "")
 
