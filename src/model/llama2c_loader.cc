@@ -17,6 +17,8 @@ StatusOr<std::unique_ptr<Model>> LoadLlama2cCheckpoint(const std::string& path) 
   ByteReader reader(file->data(), file->size(), "llama2.c checkpoint '" + path + "'");
   Header h;
   SI_RETURN_IF_ERROR(reader.Read(&h));
+  // Before -h.vocab_size below, which is undefined for INT32_MIN.
+  if (h.vocab_size == INT32_MIN) return DataLossError("'" + path + "': vocab_size is INT32_MIN");
 
   ModelConfig c;
   c.architecture = "llama";
@@ -33,7 +35,6 @@ StatusOr<std::unique_ptr<Model>> LoadLlama2cCheckpoint(const std::string& path) 
   c.rope_theta = 10000.0f;
   c.norm_eps = 1e-5f;
   c.rope_style = RopeStyle::kInterleaved;
-  if (h.vocab_size == INT32_MIN) return DataLossError("'" + path + "': vocab_size is INT32_MIN");
   Status valid = c.Validate();
   if (!valid.ok()) return valid.WithContext("'" + path + "'");
 
