@@ -286,7 +286,13 @@ int main(int argc, char** argv) {
     setrlimit(RLIMIT_AS, &limit);
   }
 #endif
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan handles the fault signals itself (its report is the useful part) and then calls the
+  // death callback; an abort (a failed assertion) or a hang is ours.
+  for (int sig : {SIGABRT, SIGALRM}) signal(sig, OnFatalSignal);
+#else
   for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGALRM}) signal(sig, OnFatalSignal);
+#endif
   if (__sanitizer_set_death_callback != nullptr) __sanitizer_set_death_callback(DumpCurrentInput);
   if (LLVMFuzzerInitialize != nullptr) LLVMFuzzerInitialize(&argc, &argv);
 
