@@ -38,7 +38,10 @@ while [ $# -gt 0 ]; do
       selected+=("$1"); shift ;;
   esac
 done
-[[ "$seconds" =~ ^[0-9]+$ ]] && [ "$seconds" -gt 0 ] || { echo "fuzz.sh: --time takes seconds" >&2; exit 2; }
+if [[ ! "$seconds" =~ ^[0-9]+$ ]] || [ "$seconds" -eq 0 ]; then
+  echo "fuzz.sh: --time takes a positive number of seconds" >&2
+  exit 2
+fi
 [ ${#selected[@]} -gt 0 ] || selected=("${TARGETS[@]}")
 
 # clang and its libFuzzer runtime.

@@ -17,9 +17,9 @@ namespace specinfer {
 
 // What a worker checks requests against.
 struct LlmWireLimits {
-  ForwardLimits forward;      // the model's vocabulary, the worker's KV storage geometry
-  int64_t logits_vocab = 0;   // logits columns the worker returns per row (its vocab shard)
-  bool last_stage = false;    // whether it returns logits at all
+  ForwardLimits forward;     // the model's vocabulary, the worker's KV storage geometry
+  int64_t logits_vocab = 0;  // logits columns the worker returns per row (its vocab shard)
+  bool last_stage = false;   // whether it returns logits at all
 };
 
 // Turns a Forward request into a ForwardBatch, checking every field first: the block size is the

@@ -8,8 +8,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace specinfer;
-  auto config = ParseClusterConfig(std::string(reinterpret_cast<const char*>(data), size),
-                                   "fuzz.yaml");
+  auto config =
+      ParseClusterConfig(std::string(reinterpret_cast<const char*>(data), size), "fuzz.yaml");
   if (config.ok()) (void)CheckClusterRunnable(*config);
   return 0;
 }

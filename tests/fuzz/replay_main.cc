@@ -179,10 +179,9 @@ void MutateOnce(std::mt19937_64& rng, std::vector<uint8_t>& b, const std::vector
   auto below = [&](size_t n) { return n == 0 ? size_t{0} : static_cast<size_t>(rng() % n); };
   static constexpr uint8_t kBytes[] = {0x00, 0x01, 0x7f, 0x80, 0xff, '"', '{', '}', '[', ']',
                                        '\\', ':',  ',',  '\n', '%',  '<', '>', '0', '9', '-'};
-  static constexpr uint64_t kInts[] = {0,          1,          2,           0x7f,
-                                       0x80,       0xff,       0x7fff,      0xffff,
-                                       0x7fffffff, 0x80000000, 0xffffffff,  0x100000000,
-                                       1ull << 40, 1ull << 62, ~0ull >> 1,  ~0ull};
+  static constexpr uint64_t kInts[] = {
+      0,          1,          2,          0x7f,        0x80,       0xff,       0x7fff,     0xffff,
+      0x7fffffff, 0x80000000, 0xffffffff, 0x100000000, 1ull << 40, 1ull << 62, ~0ull >> 1, ~0ull};
   switch (rng() % 9) {
     case 0:  // flip one bit
       if (!b.empty()) b[below(b.size())] ^= static_cast<uint8_t>(1u << (rng() % 8));

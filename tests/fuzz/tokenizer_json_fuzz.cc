@@ -14,8 +14,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto tok = BpeTokenizer::Create(std::move(*vocab));
   if (!tok.ok()) return 0;
   for (bool special : {false, true}) {
-    auto ids = (*tok)->Encode("Hello <|im_start|>world's 123 \xff\xfe caf\xc3\xa9\n\n  x", true,
-                              special);
+    auto ids =
+        (*tok)->Encode("Hello <|im_start|>world's 123 \xff\xfe caf\xc3\xa9\n\n  x", true, special);
     if (!ids.ok()) continue;
     int32_t prev = -1;
     for (int32_t id : *ids) {

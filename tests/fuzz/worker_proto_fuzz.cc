@@ -5,12 +5,12 @@
 //   2  SpeculateRequest   -> ValidateSpeculateItem for each item (SSM worker, dist/ssm_wire.h)
 //   3  SpeculateResponse  -> TreeFromProto for each tree (the SSM client, checking a worker)
 // Against a small fixed worker: vocabulary 512, 64 KV blocks of 16 positions, context 256.
+#include <google/protobuf/stubs/logging.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
-
-#include <google/protobuf/stubs/logging.h>
 
 #include "dist/llm_wire.h"
 #include "dist/ssm_wire.h"
@@ -20,19 +20,19 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace specinfer;
   // Protobuf logs every string field of invalid UTF-8 it parses: keep the fuzzer's output quiet.
-  static const bool quiet = (google::protobuf::SetLogHandler(+[](google::protobuf::LogLevel,
-                                                                 const char*, int,
-                                                                 const std::string&) {}),
-                             true);
+  static const bool quiet =
+      (google::protobuf::SetLogHandler(
+           +[](google::protobuf::LogLevel, const char*, int, const std::string&) {}),
+       true);
   (void)quiet;
   if (size < 1 || size - 1 > (1u << 20)) return 0;
   const uint8_t* body = data + 1;
   const int len = static_cast<int>(size - 1);
   constexpr int32_t kVocab = 512, kContext = 256;
-  const LlmWireLimits limits{.forward = {.vocab_size = kVocab, .num_kv_blocks = 64,
-                                         .kv_block_size = 16},
-                             .logits_vocab = kVocab,
-                             .last_stage = true};
+  const LlmWireLimits limits{
+      .forward = {.vocab_size = kVocab, .num_kv_blocks = 64, .kv_block_size = 16},
+      .logits_vocab = kVocab,
+      .last_stage = true};
   switch (data[0] % 4) {
     case 0: {
       worker::LlmForwardRequest req;
