@@ -100,8 +100,8 @@ std::string UnescapeJinjaLiteral(std::string_view s) {
 // Linear in the template's length, whatever it holds: the <|im_end|> found for one occurrence
 // serves every later occurrence before it, and a quote that disqualifies one occurrence
 // disqualifies every later occurrence before that quote (the escape scan is in step again after
-// the marker, which holds no backslash or quote), so the search resumes after the quote. (Found by
-// fuzzing: rescanning from every occurrence took minutes on a 1 MB template.)
+// the marker, which holds no backslash or quote), so the search resumes after the quote. (Found
+// writing its fuzz target: rescanning from every occurrence took minutes on a 1 MB template.)
 bool FindChatMlDefaultSystem(std::string_view src, std::string* out) {
   static constexpr std::string_view kHead = "<|im_start|>system";
   size_t end = 0;   // the first <|im_end|> after the current body once end >= body

@@ -114,7 +114,7 @@ TEST(ChatTemplateTest, SmolLm2DefaultSystemPromptExtracted) {
 
 // A default system message after an occurrence that is an expression is still found, and
 // hostile templates (many system headers, with no <|im_end|> or a quote just before the only one)
-// are recognised in linear time: found by fuzzing, they took minutes.
+// are recognised in linear time: they took minutes (found writing the chat_template fuzz target).
 TEST(ChatTemplateTest, DefaultSystemSearchIsLinear) {
   auto later = ChatTemplate::FromModelTemplate(
       "{{ '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"

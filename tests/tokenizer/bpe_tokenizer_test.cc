@@ -555,8 +555,8 @@ TEST(BpeTokenizerJsonTest, LoaderErrorsAreStatuses) {
   doc["model"]["vocab"]["h"] = "not an id";
   EXPECT_EQ(code_of(doc.dump()), StatusCode::kDataLoss);
 
-  // One huge id in a tiny file: refused before anything is sized by it (found by fuzzing: the
-  // loader allocated 2^31 strings and died of std::bad_alloc).
+  // One huge id in a tiny file: refused before anything is sized by it (found writing its fuzz
+  // target: the loader allocated 2^31 strings and died of std::bad_alloc).
   doc = SmallTokenizerJson(false);
   doc["model"]["vocab"]["h"] = INT32_MAX - 1;
   EXPECT_EQ(code_of(doc.dump()), StatusCode::kDataLoss);
