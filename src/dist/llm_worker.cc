@@ -13,6 +13,7 @@
 #include "backend/cpu/shard_runner.h"
 #include "backend/forward_check.h"
 #include "dist/collective.h"
+#include "dist/llm_wire.h"
 #include "dist/model_identity.h"
 #include "model/loader.h"
 #include "proto/llm_worker.grpc.pb.h"
@@ -25,12 +26,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 namespace pb = ::specinfer::worker;
-
-// Bounds on what one request may ask for, whatever the worker's capacity.
-constexpr int64_t kMaxBatchTokens = 1 << 16;
-constexpr int64_t kMaxPosition = 1 << 24;
-constexpr int64_t kMaxMoves = 1 << 16;
-constexpr int64_t kMaxLogitsBytes = int64_t{1} << 30;  // one response's logits
 
 grpc::Status ToGrpc(const Status& s) {
   if (s.ok()) return grpc::Status::OK;
@@ -56,16 +51,6 @@ std::string MachineHostname() {
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
   return buf;
-}
-
-// Checks a block table sent over the wire against this worker's capacity and the positions it
-// must cover (backend/forward_check.h).
-Status CheckWireTable(const google::protobuf::RepeatedField<int32_t>& table, int64_t covers,
-                      const CpuShardRunner& runner, const std::string& what) {
-  const ForwardLimits limits{runner.model().config().vocab_size, runner.num_kv_blocks(),
-                             runner.kv_block_size()};
-  return CheckBlockTable(std::span<const int32_t>(table.data(), static_cast<size_t>(table.size())),
-                         covers, limits, what);
 }
 
 }  // namespace
@@ -184,7 +169,7 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
     ForwardBatch batch;
     std::vector<TreeMask> masks;
     std::vector<std::span<const int32_t>> tables;
-    Status valid = Parse(*req, batch, masks, tables);
+    Status valid = ParseForwardRequest(*req, WireLimits(), batch, masks, tables);
     if (!valid.ok()) return ToGrpc(valid.WithContext("LLM worker " + address_));
 
     std::lock_guard lock(mu_);
@@ -219,7 +204,7 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
   grpc::Status MoveKv(grpc::ServerContext*, const pb::LlmMoveKvRequest* req,
                       pb::LlmMoveKvResponse*) override {
     if (draining_) return ToGrpc(UnavailableError("LLM worker is draining"));
-    Status valid = CheckMove(*req);
+    Status valid = CheckMoveKvRequest(*req, WireLimits());
     if (!valid.ok()) return ToGrpc(valid.WithContext("LLM worker " + address_));
     std::lock_guard lock(mu_);
     SI_RETURN_GRPC(CheckEpoch(req->epoch()));
@@ -293,77 +278,11 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
     info->set_in_group(in_group_);
   }
 
-  // Turns a wire batch into a ForwardBatch (masks and tables point into the given vectors),
-  // checking every field first.
-  Status Parse(const pb::LlmForwardRequest& req, ForwardBatch& batch,
-               std::vector<TreeMask>& masks, std::vector<std::span<const int32_t>>& tables) {
-    const int32_t bs = runner_->kv_block_size();
-    if (req.kv_block_size() != bs)
-      return InvalidArgumentError("KV block size " + std::to_string(req.kv_block_size()) +
-                                  " differs from the worker's " + std::to_string(bs));
-    const int64_t n = req.tokens_size();
-    if (n > kMaxBatchTokens) return InvalidArgumentError("batch has too many tokens");
-    if (req.positions_size() != n)
-      return InvalidArgumentError("positions and tokens differ in length");
-    if (req.seqs_size() > n) return InvalidArgumentError("more sequences than tokens");
-    if (req.logit_rows_size() > n) return InvalidArgumentError("more logits rows than tokens");
-    if (runner_->last_stage() &&
-        int64_t{req.logit_rows_size()} * runner_->vocab().count * 4 > kMaxLogitsBytes)
-      return InvalidArgumentError("logits of " + std::to_string(req.logit_rows_size()) +
-                                  " rows exceed one response's limit");
-    for (int32_t p : req.positions())
-      if (p < 0 || p >= kMaxPosition)
-        return InvalidArgumentError("position " + std::to_string(p) + " out of range");
-    batch.tokens.assign(req.tokens().begin(), req.tokens().end());
-    batch.positions.assign(req.positions().begin(), req.positions().end());
-    batch.logit_rows.assign(req.logit_rows().begin(), req.logit_rows().end());
-    batch.batch_invariant = req.batch_invariant();
-    masks.reserve(req.seqs_size());  // stable addresses for BatchSequence::mask
-    for (int i = 0; i < req.seqs_size(); ++i) {
-      const pb::LlmSequence& s = req.seqs(i);
-      const std::string what = "sequence " + std::to_string(s.seq());
-      if (s.token_count() <= 0 || s.token_begin() < 0 || s.kv_prefix() < 0 || s.masked_kv() < 0)
-        return InvalidArgumentError(what + ": negative or empty ranges");
-      const int64_t kv_end = int64_t{s.kv_prefix()} + s.masked_kv() + s.token_count();
-      SI_RETURN_IF_ERROR(CheckWireTable(s.block_table(), kv_end, *runner_, what));
-      BatchSequence b;
-      b.seq = s.seq();
-      b.token_begin = s.token_begin();
-      b.token_count = s.token_count();
-      b.kv_prefix = s.kv_prefix();
-      b.masked_kv = s.masked_kv();
-      if (s.has_mask()) {
-        if (s.mask_cols() != int64_t{s.masked_kv()} + s.token_count())
-          return InvalidArgumentError(what + ": mask has " + std::to_string(s.mask_cols()) +
-                                      " columns, the sequence needs " +
-                                      std::to_string(int64_t{s.masked_kv()} + s.token_count()));
-        TreeMask m = TreeMask::Empty(0, s.mask_cols());
-        m.num_tokens = s.token_count();
-        if (s.mask_bits_size() != int64_t{m.num_tokens} * m.words_per_row)
-          return InvalidArgumentError(what + ": mask bits do not match its rows and columns");
-        m.bits.assign(s.mask_bits().begin(), s.mask_bits().end());
-        masks.push_back(std::move(m));
-        b.mask = &masks.back();
-      }
-      batch.seqs.push_back(b);
-      tables.emplace_back(s.block_table().data(), static_cast<size_t>(s.block_table_size()));
-    }
-    return batch.Validate(runner_->model().config().vocab_size);
-  }
-
-  Status CheckMove(const pb::LlmMoveKvRequest& req) const {
-    const int32_t bs = runner_->kv_block_size();
-    if (req.kv_block_size() != bs) return InvalidArgumentError("MoveKv: KV block size differs");
-    if (req.src_size() != req.dst_size())
-      return InvalidArgumentError("MoveKv: src and dst differ in size");
-    if (req.src_size() > kMaxMoves) return InvalidArgumentError("MoveKv: too many moves");
-    if (req.length() < 0) return InvalidArgumentError("MoveKv: negative length");
-    SI_RETURN_IF_ERROR(CheckWireTable(req.block_table(), req.length(), *runner_, "MoveKv"));
-    for (int i = 0; i < req.src_size(); ++i)
-      if (req.src(i) < 0 || req.src(i) >= req.length() || req.dst(i) < 0 ||
-          req.dst(i) >= req.length())
-        return InvalidArgumentError("MoveKv: position out of range");
-    return Status::Ok();
+  LlmWireLimits WireLimits() const {
+    return {.forward = {runner_->model().config().vocab_size, runner_->num_kv_blocks(),
+                        runner_->kv_block_size()},
+            .logits_vocab = runner_->vocab().count,
+            .last_stage = runner_->last_stage()};
   }
 
   const LlmWorkerOptions options_;

@@ -97,10 +97,17 @@ std::string UnescapeJinjaLiteral(std::string_view s) {
 // (the newline may be a real newline or the escape "\n"). Occurrences where the system text is an
 // expression (`'<|im_start|>system\n' + messages[0]['content']`) are skipped: their span up to
 // <|im_end|> contains an unescaped quote.
+// Linear in the template's length, whatever it holds: the <|im_end|> found for one occurrence
+// serves every later occurrence before it, and a quote that disqualifies one occurrence
+// disqualifies every later occurrence before that quote (the escape scan is in step again after
+// the marker, which holds no backslash or quote), so the search resumes after the quote. (Found
+// writing its fuzz target: rescanning from every occurrence took minutes on a 1 MB template.)
 bool FindChatMlDefaultSystem(std::string_view src, std::string* out) {
   static constexpr std::string_view kHead = "<|im_start|>system";
-  for (size_t pos = src.find(kHead); pos != std::string_view::npos;
-       pos = src.find(kHead, pos + 1)) {
+  size_t end = 0;   // the first <|im_end|> after the current body once end >= body
+  size_t next = 0;  // where the next occurrence may start
+  for (size_t pos = src.find(kHead); pos != std::string_view::npos; pos = src.find(kHead, next)) {
+    next = pos + 1;
     size_t body = pos + kHead.size();
     if (src.substr(body, 1) == "\n") {
       body += 1;
@@ -109,8 +116,8 @@ bool FindChatMlDefaultSystem(std::string_view src, std::string* out) {
     } else {
       continue;
     }
-    size_t end = src.find(kImEnd, body);
-    if (end == std::string_view::npos) continue;
+    if (end < body) end = src.find(kImEnd, body);
+    if (end == std::string_view::npos) return false;  // none after any later occurrence either
     std::string_view text = src.substr(body, end - body);
     bool literal = true;
     for (size_t i = 0; i < text.size(); ++i) {
@@ -118,6 +125,7 @@ bool FindChatMlDefaultSystem(std::string_view src, std::string* out) {
         ++i;
       } else if (text[i] == '\'' || text[i] == '"') {
         literal = false;
+        next = body + i + 1;
         break;
       }
     }
@@ -176,6 +184,12 @@ StatusOr<ChatTemplate> ChatTemplate::FromModelTemplate(std::string_view src, std
   if (src.empty()) {
     return InvalidArgumentError(
         "the model has no chat template; choose one with --chat-template chatml|llama2|llama3");
+  }
+  if (src.size() > kMaxChatTemplateBytes) {
+    return InvalidArgumentError("the model's chat template has " + std::to_string(src.size()) +
+                                " bytes, more than the limit of " +
+                                std::to_string(kMaxChatTemplateBytes) +
+                                "; choose one with --chat-template chatml|llama2|llama3");
   }
   if (Contains(src, kImStart)) {
     ChatTemplate t(Family::kChatMl, std::move(bos_token), std::move(eos_token));

@@ -26,6 +26,7 @@
 // concurrently.
 #pragma once
 
+#include <cstddef>
 #include <span>
 #include <string>
 #include <string_view>
@@ -45,11 +46,15 @@ class ChatTemplate {
  public:
   enum class Family { kChatMl, kLlama2, kLlama3 };
 
+  // Largest template source FromModelTemplate accepts (real ones are a few KiB; the source comes
+  // from a model file, which may be hostile). Recognition is linear in the source's length.
+  static constexpr size_t kMaxChatTemplateBytes = size_t{1} << 20;
+
   // Recognises the model's Jinja template `jinja_source` and returns the matching formatter.
   // `bos_token` / `eos_token` are the texts of the vocabulary's BOS / EOS tokens (Jinja's
   // bos_token / eos_token variables); they may be empty. Unimplemented for a template of an
   // unsupported family (the message suggests --chat-template chatml|llama2|llama3); InvalidArgument
-  // for an empty source.
+  // for an empty source or one over kMaxChatTemplateBytes.
   static StatusOr<ChatTemplate> FromModelTemplate(std::string_view jinja_source,
                                                   std::string bos_token, std::string eos_token);
 

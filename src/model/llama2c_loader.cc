@@ -17,6 +17,8 @@ StatusOr<std::unique_ptr<Model>> LoadLlama2cCheckpoint(const std::string& path) 
   ByteReader reader(file->data(), file->size(), "llama2.c checkpoint '" + path + "'");
   Header h;
   SI_RETURN_IF_ERROR(reader.Read(&h));
+  // Before -h.vocab_size below, which is undefined for INT32_MIN.
+  if (h.vocab_size == INT32_MIN) return DataLossError("'" + path + "': vocab_size is INT32_MIN");
 
   ModelConfig c;
   c.architecture = "llama";
@@ -26,8 +28,6 @@ StatusOr<std::unique_ptr<Model>> LoadLlama2cCheckpoint(const std::string& path) 
   c.n_heads = h.n_heads;
   c.n_kv_heads = h.n_kv_heads;
   // A negative vocab_size marks an untied output classifier stored after the legacy blocks.
-  // INT32_MIN has no negation: refused before negating (UBSan caught the old order).
-  if (h.vocab_size == INT32_MIN) return DataLossError("'" + path + "': vocab_size is INT32_MIN");
   c.tied_output = h.vocab_size > 0;
   c.vocab_size = h.vocab_size > 0 ? h.vocab_size : -h.vocab_size;
   c.max_seq_len = h.seq_len;

@@ -227,6 +227,13 @@ StatusOr<BpeVocab> ParseTokenizerJsonImpl(std::string_view tokenizer_json,
     max_id = std::max(max_id, a.at("id").get<int64_t>());
   }
   if (max_id >= INT32_MAX) return DataLossError("token id " + std::to_string(max_id));
+  // Ids must cover [0, max_id] (checked below); testing the count first keeps a tiny file with
+  // one huge id from allocating max_id strings.
+  if (static_cast<uint64_t>(max_id + 1) > entries.size() + added.size()) {
+    return DataLossError("token id " + std::to_string(max_id) + " leaves ids undefined: the file " +
+                         "defines only " + std::to_string(entries.size() + added.size()) +
+                         " tokens");
+  }
   v.tokens.resize(static_cast<size_t>(max_id + 1));
   std::vector<uint8_t> defined(v.tokens.size(), 0);
   for (auto& [text, id] : entries) {

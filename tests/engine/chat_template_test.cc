@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -109,6 +110,35 @@ TEST(ChatTemplateTest, SmolLm2DefaultSystemPromptExtracted) {
   EXPECT_EQ(expr->default_system_message(), "");
   std::vector<ChatMessage> m = {{"user", "hi"}};
   EXPECT_EQ(*expr->Apply(m, false), "<|im_start|>user\nhi<|im_end|>\n");
+}
+
+// A default system message after an occurrence that is an expression is still found, and
+// hostile templates (many system headers, with no <|im_end|> or a quote just before the only one)
+// are recognised in linear time: they took minutes (found writing the chat_template fuzz target).
+TEST(ChatTemplateTest, DefaultSystemSearchIsLinear) {
+  auto later = ChatTemplate::FromModelTemplate(
+      "{{ '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+      "{{ '<|im_start|>system\\nLater.<|im_end|>\\n' }}",
+      "", "");
+  ASSERT_TRUE(later.ok());
+  EXPECT_EQ(later->default_system_message(), "Later.");
+
+  std::string heads;
+  while (heads.size() + 40 < ChatTemplate::kMaxChatTemplateBytes) heads += "<|im_start|>system\n";
+  for (const std::string& src : {heads, heads + "'<|im_end|>", heads + "<|im_end|>"}) {
+    const auto start = std::chrono::steady_clock::now();
+    auto t = ChatTemplate::FromModelTemplate(src, "", "");
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    EXPECT_LT(seconds, 2.0) << src.size() << "-byte template";
+    std::vector<ChatMessage> m = {{"user", "hi"}};
+    EXPECT_TRUE(t->Apply(m, true).ok());
+  }
+  auto huge = ChatTemplate::FromModelTemplate(
+      std::string(ChatTemplate::kMaxChatTemplateBytes + 1, '<'), "", "");
+  EXPECT_EQ(huge.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(huge.status().message().find("--chat-template"), std::string::npos);
 }
 
 TEST(ChatTemplateTest, UnrecognisedTemplatesAreUnimplemented) {

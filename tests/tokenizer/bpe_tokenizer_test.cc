@@ -555,6 +555,15 @@ TEST(BpeTokenizerJsonTest, LoaderErrorsAreStatuses) {
   doc["model"]["vocab"]["h"] = "not an id";
   EXPECT_EQ(code_of(doc.dump()), StatusCode::kDataLoss);
 
+  // One huge id in a tiny file: refused before anything is sized by it (found writing its fuzz
+  // target: the loader allocated 2^31 strings and died of std::bad_alloc).
+  doc = SmallTokenizerJson(false);
+  doc["model"]["vocab"]["h"] = INT32_MAX - 1;
+  EXPECT_EQ(code_of(doc.dump()), StatusCode::kDataLoss);
+  doc = SmallTokenizerJson(false);
+  doc["added_tokens"] = Json::array({{{"id", 1 << 30}, {"content", "<big>"}}});
+  EXPECT_EQ(code_of(doc.dump()), StatusCode::kDataLoss);
+
   doc = SmallTokenizerJson(false);
   doc["model"]["merges"].push_back(Json::array({"zz", "q"}));    // unknown token
   EXPECT_EQ(code_of(doc.dump()), StatusCode::kInvalidArgument);  // from Create

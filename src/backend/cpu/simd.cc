@@ -3,6 +3,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 namespace specinfer::cpu {
 
 namespace {
@@ -18,7 +22,9 @@ CpuFeatures Detect() {
   __builtin_cpu_init();  // needed when called before static constructors have run
   f.avx2 = __builtin_cpu_supports("avx2");
   f.fma = __builtin_cpu_supports("fma");
-  f.f16c = __builtin_cpu_supports("f16c");
+  // CPUID leaf 1, ECX bit 29: clang before 16 has no "f16c" for __builtin_cpu_supports.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  f.f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
   f.avx512f = __builtin_cpu_supports("avx512f");
   f.avx512vl = __builtin_cpu_supports("avx512vl");
   f.avx512bw = __builtin_cpu_supports("avx512bw");
