@@ -72,7 +72,6 @@ cmake --build "$BUILD_DIR" -j "$(nproc)" --target "${build_targets[@]}"
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
-export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$ROOT/scripts/sanitizer/lsan.supp:print_suppressions=0}"
 
 status=0
 rows=()
