@@ -45,7 +45,8 @@ StatusOr<std::unique_ptr<Sequence>> Sequence::Start(GenerateRequest req, TokenCa
   const SeqId seq = kv.AddSequence();
   std::unique_ptr<Sequence> run(new Sequence(std::move(req), std::move(on_token), c, kv, seq));
   run->kv_epoch_ = kv_epoch;
-  SI_RETURN_IF_ERROR(run->step_.OpenSessions(run->request_.speculators));
+  SI_RETURN_IF_ERROR(run->step_.OpenSessions(run->request_.speculators,
+                                               run->request_.tree_shape.MaxNodes()));
   return run;
 }
 

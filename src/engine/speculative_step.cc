@@ -2,7 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
+#include <string>
 #include <utility>
 
 #include "spec/verifier.h"
@@ -16,8 +18,16 @@ using Clock = std::chrono::steady_clock;
 SpeculativeStep::SpeculativeStep(KvCacheManager& kv, SeqId seq, SpeculationStats& stats)
     : kv_(kv), seq_(seq), stats_(stats) {}
 
-Status SpeculativeStep::OpenSessions(std::span<Speculator* const> speculators) {
+Status SpeculativeStep::OpenSessions(std::span<Speculator* const> speculators,
+                                     int64_t shape_nodes) {
+  const int64_t per_tree = std::max<int64_t>(shape_nodes, 1);
+  const size_t fit = static_cast<size_t>(std::max<int64_t>(TreeShape::kMaxNodes / per_tree, 1));
   for (Speculator* s : speculators) {
+    if (sessions_.size() == fit) {
+      spdlog::debug("speculator {} left out: {} trees of {} nodes fill the {} a sequence has room "
+                    "for", s->name(), fit, shape_nodes, TreeShape::kMaxNodes);
+      continue;
+    }
     auto session = s->StartSession();
     if (!session.ok()) {
       if (session.status().code() != StatusCode::kResourceExhausted) return session.status();
@@ -60,6 +70,11 @@ StatusOr<int32_t> SpeculativeStep::Plan(int32_t root, const DraftContext* ctx, i
       }
       SI_RETURN_IF_ERROR(tree_.Merge(std::move(*t)));
     }
+  }
+  if (tree_.size() - 1 > TreeShape::kMaxNodes) {
+    return InternalError("the drafts proposed " + std::to_string(tree_.size() - 1) +
+                         " nodes, more than the " + std::to_string(TreeShape::kMaxNodes) +
+                         " a sequence has room for (a draft beyond its tree shape)");
   }
   stats_.draft_seconds += SecondsSince(d0);
 

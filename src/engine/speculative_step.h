@@ -40,8 +40,12 @@ class SpeculativeStep {
 
   // Opens a draft session on each of `speculators`, in order; one without room for another
   // sequence (ResourceExhausted) is left out, any other error is returned. Names the ones kept
-  // in the statistics.
-  Status OpenSessions(std::span<Speculator* const> speculators);
+  // in the statistics. Each session's tree holds at most `shape_nodes` nodes past the root, and
+  // their merged tree must fit the TreeShape::kMaxNodes positions a sequence is admitted with
+  // (Sequence::MaxKvBlocks): only as many sessions open as fit together at full size (at least
+  // one). Decided from the shape alone, never from what the drafts propose, so sampled
+  // verification stays exact.
+  Status OpenSessions(std::span<Speculator* const> speculators, int64_t shape_nodes);
   bool has_sessions() const { return !sessions_.empty(); }
 
   // Lets sessions that draft in the background (DraftSession::Begin) start on `ctx` now, so that

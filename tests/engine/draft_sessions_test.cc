@@ -4,7 +4,10 @@
 // those of incremental decoding.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "engine/engine.h"
 #include "engine/engine_core.h"
@@ -172,6 +175,80 @@ TEST(DraftSessions, ADraftOutOfRoomMidSequenceIsLeftOutOfTheStep) {
   auto speculative = (*engine)->Generate(r);
   ASSERT_TRUE(speculative.ok()) << speculative.status().ToString();
   EXPECT_EQ(speculative->tokens, plain->tokens);
+}
+
+// A speculator whose trees are the full expansion of the shape (to the depth the request has
+// left), with tokens counting up from `first`: two of them with far-apart `first` share no node.
+class FullShapeSpeculator final : public Speculator {
+ public:
+  FullShapeSpeculator(std::string name, int32_t first) : name_(std::move(name)), first_(first) {}
+  const std::string& name() const override { return name_; }
+  StatusOr<std::unique_ptr<DraftSession>> StartSession() override {
+    return std::unique_ptr<DraftSession>(new Session(first_));
+  }
+
+ private:
+  struct Session final : DraftSession {
+    explicit Session(int32_t first) : first(first) {}
+    StatusOr<TokenTree> Propose(const DraftContext& ctx) override {
+      TokenTree t(ctx.tokens.back());
+      std::vector<int32_t> frontier{0};
+      int32_t next = first;
+      for (int32_t d = 0; d < std::min(ctx.shape->depth(), ctx.max_depth); ++d) {
+        std::vector<int32_t> grown;
+        for (int32_t parent : frontier) {
+          for (int32_t k = 0; k < ctx.shape->widths[d]; ++k)
+            grown.push_back(t.Propose(parent, next++ % 512, ctx.speculator_index));
+        }
+        frontier = std::move(grown);
+      }
+      return t;
+    }
+    int32_t first;
+  };
+  std::string name_;
+  int32_t first_;
+};
+
+TEST(DraftSessions, MergedWideTreesStayWithinTheTreeRoomASequenceIsAdmittedWith) {
+  // Two drafts of 510-node trees (1,020 merged) against a KV cache sized for one sequence at full
+  // context plus one 512-node tree: the second draft is not opened, and the sequence gives the
+  // plain output. Before, the merged tree overran the KV cache at the first step.
+  EngineOptions o;
+  o.model_path = testing::Stories260KModel();
+  o.tokenizer_path = testing::Stories260KTokenizer();
+  o.num_threads = 1;
+  o.max_sequences = 1;
+  o.speculator_factory =
+      [](std::shared_ptr<const Model>,
+         const Tokenizer&) -> StatusOr<std::vector<std::unique_ptr<Speculator>>> {
+    std::vector<std::unique_ptr<Speculator>> out;
+    out.push_back(std::make_unique<FullShapeSpeculator>("wide-a", 1));
+    out.push_back(std::make_unique<FullShapeSpeculator>("wide-b", 256));
+    return out;
+  };
+  auto engine = Engine::Create(o);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  GenerateRequest r;
+  r.prompt_tokens = *(*engine)->EncodePrompt("Once upon a time");
+  r.max_new_tokens = 24;
+  r.sampling.temperature = 0;
+  auto plain = (*engine)->Generate(r);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  r.speculators = {*(*engine)->GetSpeculator("wide-a"), *(*engine)->GetSpeculator("wide-b")};
+  r.tree_shape = *TreeShape::Parse("2,2,2,2,2,2,2,2");
+  ASSERT_EQ(r.tree_shape.MaxNodes(), 510);
+  auto speculative = (*engine)->Generate(r);
+  ASSERT_TRUE(speculative.ok()) << speculative.status().ToString();
+  EXPECT_EQ(speculative->tokens, plain->tokens);
+  EXPECT_EQ(speculative->stats.spec.speculator_names, (std::vector<std::string>{"wide-a"}));
+
+  // Shapes of at most half the room keep both.
+  r.tree_shape = *TreeShape::Parse("2,2,2,2,2,2,2");  // 254 nodes
+  auto both = (*engine)->Generate(r);
+  ASSERT_TRUE(both.ok()) << both.status().ToString();
+  EXPECT_EQ(both->tokens, plain->tokens);
+  EXPECT_EQ(both->stats.spec.speculator_names, (std::vector<std::string>{"wide-a", "wide-b"}));
 }
 
 }  // namespace
