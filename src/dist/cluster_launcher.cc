@@ -221,18 +221,20 @@ class ChildSet {
     return children_;
   }
 
-  // No more restarts or exit reports (the launcher is stopping). The monitor thread is joined
-  // only by StopAll, once the children are stopped: a child's PR_SET_PDEATHSIG fires when the
-  // *thread* that forked it exits, and the monitor forked every restarted child, so joining it
-  // earlier sent those a SIGTERM of their own before the drain, and StopAll's second one found
-  // them shutting down with the stop signals taken by sigwait no more (a library's thread, e.g.
-  // OpenBLAS's, started before main blocked them) and killed them mid-shutdown.
+  // No more restarts or exit reports (the launcher is stopping). The monitor thread stays alive
+  // until StopAll has stopped the children: a child's PR_SET_PDEATHSIG fires when the *thread*
+  // that forked it exits, and the monitor forked every restarted child. Had the thread ended here
+  // (or been joined), each restarted worker would get a SIGTERM of its own before its drain, and
+  // StopAll's second one would find it shutting down with the stop signals taken by sigwait no
+  // more (a library's thread, e.g. OpenBLAS's, started before main blocked them) and kill it
+  // mid-shutdown.
   void StopMonitoring() { stopping_ = true; }
 
-  // SIGTERM to every child, SIGKILL to those still alive after `grace`.
+  // SIGTERM to every child, SIGKILL to those still alive after `grace`; then the monitor ends.
   void StopAll(std::chrono::seconds grace) {
     StopMonitoring();
     StopChildren(grace);
+    done_ = true;
     if (monitor_.joinable()) monitor_.join();
     StopChildren(grace);  // one the monitor was restarting meanwhile
   }
@@ -266,8 +268,9 @@ class ChildSet {
   }
 
   void Monitor() {
-    while (!stopping_) {
+    while (!done_) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (stopping_) continue;  // StopAll reaps and reports the children from now on
       std::vector<size_t> dead;
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -313,7 +316,8 @@ class ChildSet {
   const bool restart_;
   mutable std::mutex mu_;
   std::vector<Child> children_;  // guarded by mu_
-  std::atomic<bool> stopping_{false};
+  std::atomic<bool> stopping_{false};  // no more restarts or exit reports
+  std::atomic<bool> done_{false};      // the children are stopped: the monitor thread may end
   std::thread monitor_;
 };
 

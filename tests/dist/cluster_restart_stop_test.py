@@ -6,11 +6,17 @@ waits until the launcher has restarted them and a request succeeds again, then s
 the launcher. Every worker, the restarted ones included, must stop with exit status 0 (drained
 and shut down, not killed mid-shutdown) and the launcher must exit 0.
 
+The stop comes while the restarted SSM worker is held (SIGSTOP) for a second, so the manager's
+drain takes longer than the launcher monitor's poll period; no worker may be signalled before the
+drain is over.
+
 Regression: the launcher's monitor thread, which forks the restarted workers, was joined before
 the workers were stopped; PR_SET_PDEATHSIG (which fires when the forking *thread* exits) then sent
 each restarted worker a SIGTERM of its own, and the launcher's second SIGTERM reached it while it
 was shutting down, through a thread that does not block it (OpenBLAS's, started before main):
-"llm[0] ... stopped: killed by signal 15".
+"llm[0] ... stopped: killed by signal 15". Then the monitor thread was no longer joined early but
+still *ended* (its loop stopped with the restarts) 0..100 ms after the stop, with the same effect
+whenever the shutdown took longer than that (seen in the 600-request cluster soak).
 
 Usage: cluster_restart_stop_test.py PATH_TO_SPECINFER   (SPECINFER_SOURCE_DIR set by CTest)
 Only the Python standard library is used.
@@ -115,7 +121,18 @@ restart_workers: true
         check(wait_for(lambda: completion(port) == 200, 60),
               "requests succeed again after the restarts")
 
-        proc.send_signal(signal.SIGTERM)
+        # A slow drain: the restarted SSM worker is held stopped for a second when the stop
+        # comes, so the manager's Drain call to it waits. Far longer than the launcher monitor's
+        # poll period, the window in which the regression struck (it ended the forking thread,
+        # and with it sent every restarted worker a SIGTERM, before the drain was over).
+        with open(log_path) as f:
+            ssm_pid = int(re.findall(r"ssm\[0\] \S+ restarted \(pid (\d+)\)", f.read())[-1])
+        os.kill(ssm_pid, signal.SIGSTOP)
+        try:
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(1.0)
+        finally:
+            os.kill(ssm_pid, signal.SIGCONT)
         try:
             rc = proc.wait(60)
         except subprocess.TimeoutExpired:
@@ -126,6 +143,12 @@ restart_workers: true
         check(len(stopped) == 2 and all(l.endswith("exited with status 0") for l in stopped),
               "every worker, restarted ones included, stopped with exit status 0:\n  " +
               "\n  ".join(stopped))
+        with open(log_path) as f:
+            lines = f.readlines()
+        drained = [i for i, l in enumerate(lines) if "drained (" in l or "Drain failed" in l]
+        signalled = [i for i, l in enumerate(lines) if re.search(r"\] (ssm|llm)\[0\] .*: signal 15", l)]
+        check(len(drained) == 1 and len(signalled) == 2 and min(signalled) > drained[0],
+              "no worker got a stop signal before the manager's drain was over")
     finally:
         if proc.poll() is None:
             proc.kill()
