@@ -1,13 +1,12 @@
 #include "cli/serve.h"
 
-#include <pthread.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <csignal>
 #include <cstdio>
 
+#include "common/stop_signal.h"
 #include "server/inference_server.h"
 
 namespace specinfer {
@@ -68,13 +67,8 @@ void AddServeOptions(CLI::App* cmd, ServeArgs& a) {
 }
 
 int RunServe(const ServeArgs& a) {
-  // SIGINT/SIGTERM are taken by sigwait below: block them before any thread starts, so every
-  // thread inherits the mask and none is interrupted by them.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // Before any thread starts (see common/stop_signal.h).
+  InstallStopSignalHandlers();
 
   InferenceServerOptions o;
   o.engine = a.engine;
@@ -121,8 +115,7 @@ int RunServe(const ServeArgs& a) {
   spdlog::warn("serving '{}' on http://{}:{} (gRPC {}){}", server.model_name(), a.host,
                server.http_port(), grpc, a.api_key.empty() ? "" : " with an API key");
 
-  int sig = 0;
-  sigwait(&stop_signals, &sig);
+  const int sig = WaitForStopSignal();
   spdlog::warn("signal {}: shutting down", sig);
   server.Shutdown();
   return 0;

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/stop_signal.h"
 #include "dist/llm_client.h"
 #include "dist/llm_worker.h"
 #include "dist/model_identity.h"
@@ -51,14 +52,6 @@ std::vector<WorkerSlot> WorkerSlots(const ClusterConfig& c) {
       out.push_back({"llm", static_cast<int>(i), "llm[" + std::to_string(i) + "]",
                      c.llm.workers[i], 0});
   return out;
-}
-
-sigset_t StopSignals() {
-  sigset_t s;
-  sigemptyset(&s);
-  sigaddset(&s, SIGINT);
-  sigaddset(&s, SIGTERM);
-  return s;
 }
 
 std::string ExitDescription(int status) {
@@ -131,8 +124,7 @@ StatusOr<Child> Spawn(const std::string& self_exe, const std::string& config_pat
     // Its own process group: a Ctrl-C at the terminal reaches the launcher only, which stops
     // the workers in order (after draining them).
     setpgid(0, 0);
-    sigset_t s = StopSignals();
-    pthread_sigmask(SIG_UNBLOCK, &s, nullptr);
+    ResetStopSignalsInChild();
     dup2(fds[1], STDOUT_FILENO);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -223,11 +215,8 @@ class ChildSet {
 
   // No more restarts or exit reports (the launcher is stopping). The monitor thread stays alive
   // until StopAll has stopped the children: a child's PR_SET_PDEATHSIG fires when the *thread*
-  // that forked it exits, and the monitor forked every restarted child. Had the thread ended here
-  // (or been joined), each restarted worker would get a SIGTERM of its own before its drain, and
-  // StopAll's second one would find it shutting down with the stop signals taken by sigwait no
-  // more (a library's thread, e.g. OpenBLAS's, started before main blocked them) and kill it
-  // mid-shutdown.
+  // that forked it exits, and the monitor forked every restarted child. Had the thread ended here,
+  // each restarted worker would stop before the manager's drain of it was over.
   void StopMonitoring() { stopping_ = true; }
 
   // SIGTERM to every child, SIGKILL to those still alive after `grace`; then the monitor ends.
@@ -413,8 +402,7 @@ void ApplyClusterOverrides(const ClusterOverrides& ov, ClusterConfig& c) {
 int RunClusterWorker(const ClusterConfig& c, const std::string& config_path,
                      const std::string& role, int index, int port_override,
                      const ClusterOverrides& ov) {
-  sigset_t stop = StopSignals();
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  InstallStopSignalHandlers();
   ClusterConfig config = c;
   ApplyClusterOverrides(ov, config);
   const std::vector<WorkerSlot> slots = WorkerSlots(config);
@@ -454,8 +442,7 @@ int RunClusterWorker(const ClusterConfig& c, const std::string& config_path,
     if (FILE* devnull = std::freopen("/dev/null", "w", stdout); devnull == nullptr) {
       spdlog::debug("cannot reopen stdout");
     }
-    int sig = 0;
-    sigwait(&stop, &sig);
+    const int sig = WaitForStopSignal();
     spdlog::info("{}: signal {}, stopping", (*server)->label(), sig);
     (*server)->Shutdown();
     return 0;
@@ -490,8 +477,7 @@ int RunClusterWorker(const ClusterConfig& c, const std::string& config_path,
   if (FILE* devnull = std::freopen("/dev/null", "w", stdout); devnull == nullptr) {
     spdlog::debug("cannot reopen stdout");
   }
-  int sig = 0;
-  sigwait(&stop, &sig);
+  const int sig = WaitForStopSignal();
   spdlog::info("{}: signal {}, stopping", who, sig);
   (*server)->Shutdown();
   return 0;
@@ -499,8 +485,7 @@ int RunClusterWorker(const ClusterConfig& c, const std::string& config_path,
 
 int RunCluster(const ClusterConfig& c, const std::string& config_path, bool spawn_workers,
                const ClusterOverrides& ov, const std::string& self_exe) {
-  sigset_t stop = StopSignals();
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  InstallStopSignalHandlers();
   ClusterConfig config = c;
   ApplyClusterOverrides(ov, config);
   if (Status s = CheckClusterRunnable(config); !s.ok()) {
@@ -556,8 +541,7 @@ int RunCluster(const ClusterConfig& c, const std::string& config_path, bool spaw
                    ? std::string("in-process")
                    : std::to_string(llm_addresses.size()) + " workers");
 
-  int sig = 0;
-  sigwait(&stop, &sig);
+  const int sig = WaitForStopSignal();
   spdlog::warn("manager: signal {}: no new requests; cancelling running ones, draining workers",
                sig);
   if (children) children->StopMonitoring();
