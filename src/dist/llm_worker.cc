@@ -78,11 +78,14 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
     if (!started.ok()) return started.status().WithContext("LLM worker");
     server_ = std::move(started->server);
     port_ = started->port;
-    address_ = HostOf(options_.listen) + ":" + std::to_string(port_);
+    {
+      std::lock_guard lock(address_mu_);
+      address_ = HostOf(options_.listen) + ":" + std::to_string(port_);
+    }
     const ShardRange l = runner_->layers();
     spdlog::info("LLM worker (stage {}/{}, tp {}/{}, layers [{}, {})) serving on {}",
                  options_.stage, options_.num_stages, options_.tp_rank, options_.tp_size,
-                 l.begin, l.end(), address_);
+                 l.begin, l.end(), address());
     return Status::Ok();
   }
 
@@ -96,7 +99,10 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
   }
   void Wait() { server_->Wait(); }
   int port() const { return port_; }
-  const std::string& address() const { return address_; }
+  std::string address() const {
+    std::lock_guard lock(address_mu_);
+    return address_;
+  }
 
   // --- service ---
   grpc::Status Register(grpc::ServerContext*, const pb::LlmRegisterRequest* req,
@@ -152,7 +158,7 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
                             options_.tp_size};
     auto group = CollectiveGroup::Form(*store, collective_host_, layout, req->epoch(), timeout);
     if (!group.ok()) {
-      spdlog::warn("LLM worker {}: join epoch {} failed: {}", address_, req->epoch(),
+      spdlog::warn("LLM worker {}: join epoch {} failed: {}", address(), req->epoch(),
                    group.status().ToString());
       return ToGrpc(group.status());
     }
@@ -170,7 +176,7 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
     std::vector<TreeMask> masks;
     std::vector<std::span<const int32_t>> tables;
     Status valid = ParseForwardRequest(*req, WireLimits(), batch, masks, tables);
-    if (!valid.ok()) return ToGrpc(valid.WithContext("LLM worker " + address_));
+    if (!valid.ok()) return ToGrpc(valid.WithContext("LLM worker " + address()));
 
     std::lock_guard lock(mu_);
     SI_RETURN_GRPC(CheckEpoch(req->epoch()));
@@ -181,12 +187,12 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
     const double collective = group_ ? group_->TakeSeconds() : 0.0;
     if (!s.ok()) {
       if (s.code() == StatusCode::kAborted) {
-        spdlog::warn("LLM worker {}: {}; leaving group epoch {}", address_, s.message(),
+        spdlog::warn("LLM worker {}: {}; leaving group epoch {}", address(), s.message(),
                      epoch_.load());
         group_.reset();
         in_group_ = false;
       }
-      return ToGrpc(s.WithContext("LLM worker " + address_));
+      return ToGrpc(s.WithContext("LLM worker " + address()));
     }
     resp->set_compute_seconds(std::chrono::duration<double>(Clock::now() - t0).count() -
                               collective);
@@ -205,7 +211,7 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
                       pb::LlmMoveKvResponse*) override {
     if (draining_) return ToGrpc(UnavailableError("LLM worker is draining"));
     Status valid = CheckMoveKvRequest(*req, WireLimits());
-    if (!valid.ok()) return ToGrpc(valid.WithContext("LLM worker " + address_));
+    if (!valid.ok()) return ToGrpc(valid.WithContext("LLM worker " + address()));
     std::lock_guard lock(mu_);
     SI_RETURN_GRPC(CheckEpoch(req->epoch()));
     auto span = [](const google::protobuf::RepeatedField<int32_t>& f) {
@@ -251,7 +257,7 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
   // Requires mu_.
   Status CheckEpoch(uint64_t epoch) const {
     if (!group_ || epoch != epoch_)
-      return FailedPreconditionError("LLM worker " + address_ + " is not in group epoch " +
+      return FailedPreconditionError("LLM worker " + address() + " is not in group epoch " +
                                      std::to_string(epoch) + " (it is " +
                                      (group_ ? "in epoch " + std::to_string(epoch_.load())
                                              : std::string("in no group")) +
@@ -292,7 +298,10 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
   std::string collective_host_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
-  std::string address_;
+  // Set once the server has bound its port, which is after it starts serving: an RPC that
+  // arrives at once (a restarted worker on its old port) reads it concurrently (TSan).
+  mutable std::mutex address_mu_;
+  std::string address_;  // guarded by address_mu_
   RendezvousTable store_;
   std::atomic<bool> draining_{false}, shut_down_{false}, in_group_{false};
   std::atomic<uint64_t> epoch_{0};

@@ -35,8 +35,14 @@ class SsmWorkerService final : public worker::SsmWorker::Service {
         speculator_(std::move(speculator)),
         fingerprint_(VocabFingerprint(*tokenizer_)) {}
 
-  void set_address(std::string address) { name_ = o_.label + " " + address; }
-  const std::string& name() const { return name_; }
+  void set_address(std::string address) {
+    std::lock_guard lock(name_mu_);
+    name_ = o_.label + " " + address;
+  }
+  std::string name() const {
+    std::lock_guard lock(name_mu_);
+    return name_;
+  }
 
   grpc::Status Info(grpc::ServerContext*, const worker::InfoRequest*,
                     worker::InfoResponse* out) override {
@@ -74,7 +80,7 @@ class SsmWorkerService final : public worker::SsmWorker::Service {
         s = InvalidArgumentError("speculator '" + item.speculator() + "' is not offered here (" +
                                  speculator_->name() + ")");
       if (!s.ok()) {
-        spdlog::warn("{}: Speculate item {} rejected: {}", name_, i, s.ToString());
+        spdlog::warn("{}: Speculate item {} rejected: {}", name(), i, s.ToString());
         return ToGrpc(InvalidArgumentError("item " + std::to_string(i) + ": " + s.message()));
       }
     }
@@ -94,13 +100,13 @@ class SsmWorkerService final : public worker::SsmWorker::Service {
         }
         auto session = speculator_->StartSession();
         if (!session.ok()) {
-          spdlog::warn("{}: no session for '{}': {}", name_, item.session(),
+          spdlog::warn("{}: no session for '{}': {}", name(), item.session(),
                        session.status().ToString());
           result->set_outcome(worker::SpeculateResult::BUSY);
           continue;
         }
         it = sessions_.emplace(item.session(), Session{std::move(*session), {}, now}).first;
-        spdlog::debug("{}: session '{}' opened ({} open)", name_, item.session(),
+        spdlog::debug("{}: session '{}' opened ({} open)", name(), item.session(),
                       sessions_.size());
       }
       Session& s = it->second;
@@ -126,7 +132,7 @@ class SsmWorkerService final : public worker::SsmWorker::Service {
       auto tree = s.session->Propose(ctx);
       if (!tree.ok()) {
         // The session's state is unknown now: drop it (the manager resends everything).
-        spdlog::warn("{}: session '{}' failed to propose: {}", name_, item.session(),
+        spdlog::warn("{}: session '{}' failed to propose: {}", name(), item.session(),
                      tree.status().ToString());
         sessions_.erase(it);
         result->set_outcome(worker::SpeculateResult::RESYNC);
@@ -152,7 +158,7 @@ class SsmWorkerService final : public worker::SsmWorker::Service {
   grpc::Status Drain(grpc::ServerContext*, const worker::DrainRequest*,
                      worker::DrainResponse* out) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!draining_) spdlog::info("{}: draining ({} sessions open)", name_, sessions_.size());
+    if (!draining_) spdlog::info("{}: draining ({} sessions open)", name(), sessions_.size());
     draining_ = true;
     out->set_sessions(static_cast<int32_t>(sessions_.size()));
     return grpc::Status::OK;
@@ -170,7 +176,7 @@ class SsmWorkerService final : public worker::SsmWorker::Service {
     if (static_cast<int32_t>(sessions_.size()) < o_.max_sessions) return true;
     for (auto it = sessions_.begin(); it != sessions_.end();) {
       if (now - it->second.last_used > o_.idle_timeout) {
-        spdlog::info("{}: session '{}' idle, reclaimed", name_, it->first);
+        spdlog::info("{}: session '{}' idle, reclaimed", name(), it->first);
         it = sessions_.erase(it);
       } else {
         ++it;
@@ -184,7 +190,10 @@ class SsmWorkerService final : public worker::SsmWorker::Service {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<Speculator> speculator_;
   const uint64_t fingerprint_;
-  std::string name_;
+  // Set once the server has bound its port, which is after it starts serving: an RPC that
+  // arrives at once reads it concurrently.
+  mutable std::mutex name_mu_;
+  std::string name_;  // guarded by name_mu_
 
   std::mutex mu_;
   std::map<std::string, Session> sessions_;  // guarded by mu_
@@ -244,7 +253,7 @@ StatusOr<std::unique_ptr<SsmWorkerServer>> SsmWorkerServer::Start(const SsmWorke
 }
 
 int SsmWorkerServer::port() const { return impl_->port; }
-const std::string& SsmWorkerServer::label() const { return impl_->service->name(); }
+std::string SsmWorkerServer::label() const { return impl_->service->name(); }
 
 void SsmWorkerServer::Wait() {
   if (impl_->server) impl_->server->Wait();

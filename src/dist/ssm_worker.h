@@ -50,7 +50,7 @@ class SsmWorkerServer {
   ~SsmWorkerServer();  // Shutdown()
 
   int port() const;
-  const std::string& label() const;
+  std::string label() const;
   // Blocks until Shutdown() (from another thread).
   void Wait();
   // Stops serving (running calls get a short grace period). Idempotent.
