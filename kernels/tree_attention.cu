@@ -226,8 +226,13 @@ __global__ void __launch_bounds__(kThreads) TreeAttentionKernel(const TreeAttent
 
   const bool causal = rq.mask_begin < 0;
   const int32_t* table = p.block_tables + rq.block_table_begin;
+  const int32_t bs = p.block_size;
+  const bool bs_pow2 = (bs & (bs - 1)) == 0;  // the usual case: shifts, not divisions
+  const int bs_shift = __ffs(bs) - 1;
   auto slot_of = [&](int32_t pos) {
-    return static_cast<int64_t>(table[pos / p.block_size]) * p.block_size + pos % p.block_size;
+    const int32_t b = bs_pow2 ? pos >> bs_shift : pos / bs;
+    const int32_t o = bs_pow2 ? pos & (bs - 1) : pos % bs;
+    return static_cast<int64_t>(table[b]) * bs + o;
   };
   // 16-byte K/V loads when every head row is a whole number of them (and so 16-byte aligned:
   // the caches' base addresses are).
@@ -245,14 +250,17 @@ __global__ void __launch_bounds__(kThreads) TreeAttentionKernel(const TreeAttent
   uint4 kreg[L::kLoadIters], vreg[L::kLoadIters];
   auto load_tile = [&](int32_t t0) {
     const int32_t len = min(kTile, c1 - t0);
+    // Lane k looks up key k's row once; the loads take it from there.
+    const int64_t lane_row = lane < len ? (slot_of(t0 + lane) * p.kv_heads + kvh) * hd : 0;
 #pragma unroll
     for (int it = 0; it < L::kLoadIters; ++it) {
       const int idx = threadIdx.x + kThreads * it;
       const int kk = idx / L::kChunks, d0 = (idx % L::kChunks) * kVec;
+      const int64_t row_off = __shfl_sync(kFull, lane_row, kk);
       kreg[it] = make_uint4(0, 0, 0, 0);
       vreg[it] = make_uint4(0, 0, 0, 0);
       if (kk < len && d0 < hd) {
-        const int64_t off = (slot_of(t0 + kk) * p.kv_heads + kvh) * hd + d0;
+        const int64_t off = row_off + d0;
         kreg[it] = *reinterpret_cast<const uint4*>(kc + off);
         vreg[it] = *reinterpret_cast<const uint4*>(vc + off);
       }
