@@ -229,11 +229,11 @@ __global__ void __launch_bounds__(kThreads) TreeAttentionKernel(const TreeAttent
   const int32_t bs = p.block_size;
   const bool bs_pow2 = (bs & (bs - 1)) == 0;  // the usual case: shifts, not divisions
   const int bs_shift = __ffs(bs) - 1;
-  auto slot_of = [&](int32_t pos) {
-    const int32_t b = bs_pow2 ? pos >> bs_shift : pos / bs;
-    const int32_t o = bs_pow2 ? pos & (bs - 1) : pos % bs;
-    return static_cast<int64_t>(table[b]) * bs + o;
+  auto block_of = [&](int32_t pos) { return bs_pow2 ? pos >> bs_shift : pos / bs; };
+  auto slot_in = [&](int32_t page, int32_t pos) {  // page = table[block_of(pos)]
+    return static_cast<int64_t>(page) * bs + (bs_pow2 ? pos & (bs - 1) : pos % bs);
   };
+  auto slot_of = [&](int32_t pos) { return slot_in(table[block_of(pos)], pos); };
   // 16-byte K/V loads when every head row is a whole number of them (and so 16-byte aligned:
   // the caches' base addresses are).
   const bool vec_loads =
@@ -247,11 +247,18 @@ __global__ void __launch_bounds__(kThreads) TreeAttentionKernel(const TreeAttent
 
   // Staging of shared tiles: registers (16-byte vectors, idx = chunk of a key's row) filled
   // one tile ahead, so the loads overlap the previous tile's arithmetic.
+  // Lane k looks up the page of key k of a tile once, a tile ahead of its loads (shared tiles
+  // are loaded in order), so that the page table's latency is not on their path.
   uint4 kreg[L::kLoadIters], vreg[L::kLoadIters];
+  auto page_of = [&](int32_t t0) {
+    return t0 + lane < c1 && is_shared(t0) ? table[block_of(t0 + lane)] : 0;
+  };
+  int32_t page_ahead = page_of(c0);  // the page of the next tile load_tile loads
   auto load_tile = [&](int32_t t0) {
     const int32_t len = min(kTile, c1 - t0);
-    // Lane k looks up key k's row once; the loads take it from there.
-    const int64_t lane_row = lane < len ? (slot_of(t0 + lane) * p.kv_heads + kvh) * hd : 0;
+    const int64_t lane_row =
+        lane < len ? (slot_in(page_ahead, t0 + lane) * p.kv_heads + kvh) * hd : 0;
+    page_ahead = page_of(t0 + kTile);
 #pragma unroll
     for (int it = 0; it < L::kLoadIters; ++it) {
       const int idx = threadIdx.x + kThreads * it;
