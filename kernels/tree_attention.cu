@@ -211,13 +211,12 @@ __global__ void __launch_bounds__(kThreads) TreeAttentionKernel(const TreeAttent
   int32_t c1 = c0;  // end of the chunk's keys over all rows
   for (int r = 0; r < rows; ++r) c1 = max(c1, end_s[r]);
 
-  // This warp's rows: r = warp + 4 j; lane owns dims [lane * kDPerLane, + kDPerLane).
-  int32_t rend[kRowsPerWarp];
+  // This warp's rows: r = warp + 4 j (its keys end at end_s[r], 0 past the last row, read from
+  // shared memory rather than held: registers are tight); lane owns dims [lane * kDPerLane,
+  // + kDPerLane).
   float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kDPerLane];
 #pragma unroll
   for (int j = 0; j < kRowsPerWarp; ++j) {
-    const int r = warp + kWarps * j;
-    rend[j] = r < rows ? end_s[r] : 0;
     m[j] = -INFINITY;
     l[j] = 0.0f;
 #pragma unroll
@@ -355,17 +354,17 @@ __global__ void __launch_bounds__(kThreads) TreeAttentionKernel(const TreeAttent
 #pragma unroll
       for (int j = 0; j < kRowsPerWarp; ++j) {
         corr[j] = 1.0f;
-        if (rend[j] <= k0) continue;  // warp-uniform
+        if (end_s[warp + kWarps * j] <= k0) continue;  // warp-uniform
         const int r = warp + kWarps * j;
-        const bool visible = k0 + lane < rend[j];
+        const bool visible = k0 + lane < end_s[warp + kWarps * j];
         const float pk = RowTileSoftmax(s_s[r * kTile + lane], visible, m[j], l[j], corr[j]);
         s_s[r * kTile + lane] = pk;
-        nk_max = max(nk_max, min(kTile, rend[j] - k0));
+        nk_max = max(nk_max, min(kTile, end_s[warp + kWarps * j] - k0));
       }
       __syncwarp();
 #pragma unroll
       for (int j = 0; j < kRowsPerWarp; ++j) {
-        if (rend[j] <= k0) continue;
+        if (end_s[warp + kWarps * j] <= k0) continue;
 #pragma unroll
         for (int e = 0; e < kDPerLane; ++e) acc[j][e] = __fmul_rn(acc[j][e], corr[j]);
       }
@@ -374,7 +373,7 @@ __global__ void __launch_bounds__(kThreads) TreeAttentionKernel(const TreeAttent
         float4 p4[kRowsPerWarp];
 #pragma unroll
         for (int j = 0; j < kRowsPerWarp; ++j)
-          p4[j] = rend[j] > k0
+          p4[j] = end_s[warp + kWarps * j] > k0
                       ? *reinterpret_cast<const float4*>(s_s + (warp + kWarps * j) * kTile + k)
                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
@@ -383,7 +382,7 @@ __global__ void __launch_bounds__(kThreads) TreeAttentionKernel(const TreeAttent
           LoadFloats<T, kDPerLane>(v_s + (k + kk) * kDMax + lane * kDPerLane, vf);
 #pragma unroll
           for (int j = 0; j < kRowsPerWarp; ++j) {
-            if (rend[j] <= k0) continue;
+            if (end_s[warp + kWarps * j] <= k0) continue;
             const float pk = kk == 0 ? p4[j].x : kk == 1 ? p4[j].y : kk == 2 ? p4[j].z : p4[j].w;
 #pragma unroll
             for (int e = 0; e < kDPerLane; ++e) acc[j][e] = __fmaf_rn(pk, vf[e], acc[j][e]);
@@ -394,11 +393,11 @@ __global__ void __launch_bounds__(kThreads) TreeAttentionKernel(const TreeAttent
       // A tile reaching into the tree's window: each warp on its own rows, lane = key.
 #pragma unroll
       for (int j = 0; j < kRowsPerWarp; ++j) {
-        if (rend[j] <= k0) continue;  // warp-uniform
+        if (end_s[warp + kWarps * j] <= k0) continue;  // warp-uniform
         const int r = warp + kWarps * j;
         const int32_t i = (wi.row_begin + r) / group;
         const int32_t v = k0 + lane;
-        const bool visible = v < rend[j];
+        const bool visible = v < end_s[warp + kWarps * j];
         int64_t slot = 0;
         float sc = 0.0f;
         if (visible) {
@@ -420,7 +419,7 @@ __global__ void __launch_bounds__(kThreads) TreeAttentionKernel(const TreeAttent
         for (int e = 0; e < kDPerLane; ++e) acc[j][e] = __fmul_rn(acc[j][e], cj);
         // Keys in order, their V rows loaded kBatch at a time (independent loads in flight).
         constexpr int kBatch = 8;
-        const int32_t nk = min(kTile, rend[j] - k0);
+        const int32_t nk = min(kTile, end_s[warp + kWarps * j] - k0);
         for (int kb = 0; kb < nk; kb += kBatch) {
           float pb[kBatch], vb[kBatch][kDPerLane];
 #pragma unroll
