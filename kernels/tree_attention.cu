@@ -9,10 +9,15 @@ namespace specinfer::kernels {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kRowsPerWarp = kTreeAttnRowsPerBlock / kWarps;  // 4
-constexpr int kTile = kTreeAttnTileKv;                        // 32: one key per lane
+constexpr int kThreads = kWarps * 32;
+constexpr int kRows = kTreeAttnRowsPerBlock;  // 16 rows per block; row r belongs to warp r % 4
+constexpr int kRowsPerWarp = kRows / kWarps;  // 4
+constexpr int kTile = kTreeAttnTileKv;        // 32: one key per lane in the softmax
+constexpr int kParts = 4;                     // partial sums of one q . k dot product
+constexpr unsigned kFull = 0xffffffffu;
 constexpr float kLog2e = 1.4426950408889634f;
-static_assert(kTile == 32, "a lane owns one key of a tile");
+static_assert(kTile == 32 && kThreads == kTile * kParts, "scores: one thread per (key, part)");
+static_assert(kTile % 8 == 0, "window tiles: V rows loaded 8 keys at a time");
 
 // Window entries row i sees: the set bits of its mask row (causal: i + 1).
 __device__ __forceinline__ int32_t VisibleWindow(const TreeAttentionRequest& rq,
@@ -46,201 +51,394 @@ __device__ __forceinline__ int32_t WindowEntry(const TreeAttentionRequest& rq,
   return 0;  // unreachable for n < VisibleWindow(rq, mask_words, i)
 }
 
-template <int kDMax>
-constexpr int SharedFloats() {
-  return kTreeAttnRowsPerBlock * kDMax + kTile * (kDMax + 1) + kTile * kDMax;
+// Shared-memory layout (bytes) and the fixed arithmetic of a head row of kDMax elements of T.
+template <typename T, int kDMax>
+struct Layout {
+  static constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte chunk
+  static constexpr int kChunks = kDMax / kVec;                   // chunks per head row
+  static constexpr int kChunksPerPart = kChunks / kParts;  // part j: chunks j, j + 4, j + 8...
+  static constexpr int kDPerLane = kDMax / 32;             // output dims of a lane (contiguous)
+  // K rows are padded to a stride of 64 mod 128 bytes: the score phase's 16-byte reads (8
+  // threads: 2 keys x 4 parts, each part a 64-byte span mod 128) then hit distinct banks.
+  static constexpr int kKStrideBytes = (kDMax * static_cast<int>(sizeof(T)) + 127) / 128 * 128 + 64;
+  static constexpr int kKStride = kKStrideBytes / static_cast<int>(sizeof(T));
+  static constexpr int kQ = 0;                           // float [kRows][kDMax], scaled
+  static constexpr int kK = kQ + kRows * kDMax * 4;      // T [kTile][kKStride]
+  static constexpr int kV = kK + kTile * kKStrideBytes;  // T [kTile][kDMax]
+  // float [kRows][kTile]: scores, then p
+  static constexpr int kS = kV + kTile * kDMax * static_cast<int>(sizeof(T));
+  static constexpr int kEnd = kS + kRows * kTile * 4;  // int32 [kRows]
+  static constexpr int kBytes = kEnd + kRows * 4;
+  // 16-byte K (and V) loads per thread per tile; held in registers (prefetching the next tile
+  // during this one's arithmetic) when that is few enough registers.
+  static constexpr int kLoadIters = kTile * kChunks / kThreads;
+  static constexpr bool kPrefetch = kLoadIters <= 8;
+  static_assert(kChunks % kParts == 0 && kTile * kChunks % kThreads == 0, "head row chunks");
+  static_assert(kK % 16 == 0 && kV % 16 == 0 && kS % 16 == 0, "16-byte aligned regions");
+};
+
+// The n elements of T at `src` (aligned to their size, up to 16 bytes) as float.
+template <typename T, int kN>
+__device__ __forceinline__ void LoadFloats(const T* src, float (&dst)[kN]) {
+  constexpr int kBytes = kN * static_cast<int>(sizeof(T));
+  if constexpr (kBytes % 16 == 0) {
+    constexpr int kPer = 16 / static_cast<int>(sizeof(T));
+#pragma unroll
+    for (int i = 0; i < kN / kPer; ++i) {
+      const uint4 raw = reinterpret_cast<const uint4*>(src)[i];
+      const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) dst[i * kPer + j] = ToFloat(e[j]);
+    }
+  } else if constexpr (kBytes == 8) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(src);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int j = 0; j < kN; ++j) dst[j] = ToFloat(e[j]);
+  } else if constexpr (kBytes == 4) {
+    const uint32_t raw = *reinterpret_cast<const uint32_t*>(src);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int j = 0; j < kN; ++j) dst[j] = ToFloat(e[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kN; ++j) dst[j] = ToFloat(src[j]);
+  }
+}
+
+// One row's online-softmax step over one tile of its keys, run by the warp that owns the row
+// (lane = key of the tile; s = the key's score, -inf where `visible` is false). The same code for
+// every kind of tile, so a row's numbers depend only on its keys: the tile's max (exact in any
+// order), one rescale of the running state (corr), and the tile's sum of p by a fixed butterfly
+// (every lane gets the same bits: each step adds a + b and b + a). Returns this lane's p.
+__device__ __forceinline__ float RowTileSoftmax(float s, bool visible, float& m, float& l,
+                                                float& corr) {
+  float tmax = visible ? s : -INFINITY;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(kFull, tmax, o));
+  const float m_new = fmaxf(m, tmax);  // finite: the caller skips tiles the row does not see
+  corr = m == -INFINITY ? 0.0f : exp2f(m - m_new);
+  const float pk = visible ? exp2f(s - m_new) : 0.0f;
+  float sum = pk;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(kFull, sum, o));
+  l = __fmaf_rn(l, corr, sum);
+  m = m_new;
+  return pk;
+}
+
+// Dot-product order (the same for every row and key, whichever phase computes it): part j sums
+// its chunks j, j + 4, ... element by element with fma from 0; then (p0 + p1) + (p2 + p3).
+// Elements past head_dim count as zero (fma(0, 0, x) == x: a part is never -0).
+
+// Part `part` of q . k for a K row in global memory (scalar loads when !vec).
+template <typename T, int kDMax>
+__device__ __forceinline__ float DotPartGlobal(const float* __restrict__ qr,
+                                               const T* __restrict__ krow, int32_t hd, bool vec,
+                                               int part) {
+  using L = Layout<T, kDMax>;
+  float acc = 0.0f;
+#pragma unroll
+  for (int i = 0; i < L::kChunksPerPart; ++i) {
+    const int d0 = (part + kParts * i) * L::kVec;
+    if (d0 >= hd) break;
+    float kf[L::kVec];
+    if (vec) {
+      LoadFloats<T, L::kVec>(krow + d0, kf);
+    } else {
+#pragma unroll
+      for (int e = 0; e < L::kVec; ++e) kf[e] = d0 + e < hd ? ToFloat(krow[d0 + e]) : 0.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < L::kVec; ++e) acc = __fmaf_rn(qr[d0 + e], kf[e], acc);
+  }
+  return acc;
 }
 
 template <typename T, typename OutT, int kDMax>
-__global__ void __launch_bounds__(kWarps * 32) TreeAttentionKernel(const TreeAttentionParams p) {
-  constexpr int kDPerLane = kDMax / 32;
-  SPECINFER_DYNAMIC_SHARED(float, smem);
-  float* q_s = smem;                                 // [16][kDMax]
-  float* k_s = q_s + kTreeAttnRowsPerBlock * kDMax;  // [32][kDMax + 1] (padded: no conflicts)
-  float* v_s = k_s + kTile * (kDMax + 1);            // [32][kDMax]
+__global__ void __launch_bounds__(kThreads) TreeAttentionKernel(const TreeAttentionParams p) {
+  using L = Layout<T, kDMax>;
+  constexpr int kVec = L::kVec;
+  constexpr int kDPerLane = L::kDPerLane;
+  SPECINFER_DYNAMIC_SHARED(float4, attn_smem);
+  char* const smem = reinterpret_cast<char*>(attn_smem);
+  float* const q_s = reinterpret_cast<float*>(smem + L::kQ);  // [kRows][kDMax]
+  T* const k_s = reinterpret_cast<T*>(smem + L::kK);          // [kTile][kKStride]
+  T* const v_s = reinterpret_cast<T*>(smem + L::kV);          // [kTile][kDMax]
+  float* const s_s = reinterpret_cast<float*>(smem + L::kS);  // [kRows][kTile]: scores, then p
+  int32_t* const end_s = reinterpret_cast<int32_t*>(smem + L::kEnd);  // [kRows]
 
   const TreeAttentionWorkItem wi = p.work[blockIdx.x];
   const TreeAttentionRequest rq = p.requests[wi.request];
   const int32_t kvh = blockIdx.y;
   const int32_t group = p.qo_heads / p.kv_heads;
   const int32_t hd = p.head_dim;
-  const int32_t total_rows = rq.token_count * group;
+  const int32_t rows = min(kRows, rq.token_count * group - wi.row_begin);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const T* q = static_cast<const T*>(p.q);
   const T* kc = static_cast<const T*>(p.k_cache);
   const T* vc = static_cast<const T*>(p.v_cache);
   const float qscale = p.scale * kLog2e;
+  const int32_t c0 = wi.chunk * p.kv_chunk;
 
-  // Queries of the block's 16 rows, scaled, as float32.
-  for (int idx = threadIdx.x; idx < kTreeAttnRowsPerBlock * kDMax; idx += blockDim.x) {
+  // Queries of the block's rows (row = i * group + g: token i, head kvh * group + g), scaled,
+  // as float32, zero past head_dim and past the last row.
+  for (int idx = threadIdx.x; idx < kRows * kDMax; idx += kThreads) {
     const int rr = idx / kDMax, d = idx % kDMax;
-    const int32_t row = wi.row_begin + rr;
     float val = 0.0f;
-    if (row < total_rows && d < hd) {
+    if (rr < rows && d < hd) {
+      const int32_t row = wi.row_begin + rr;
       const int64_t t = rq.token_begin + row / group;
       const int32_t h = kvh * group + row % group;
       val = ToFloat(q[(t * p.qo_heads + h) * hd + d]) * qscale;
     }
     q_s[idx] = val;
   }
+  // A row's keys, in order, are its "virtual" sequence: positions 0..kv_prefix-1, then the
+  // window entries its mask shows, compacted. Tiles are cut in that sequence, so a row's result
+  // depends only on the keys it sees: a tree node gets bit for bit what decoding its path one
+  // token at a time gets, and a request what it gets in any batch (see the header). end_s: where
+  // each row's keys stop in this chunk (virtual index).
+  if (threadIdx.x < kRows) {
+    int32_t e = 0;
+    if (static_cast<int32_t>(threadIdx.x) < rows) {
+      const int32_t i = (wi.row_begin + static_cast<int32_t>(threadIdx.x)) / group;
+      e = min(rq.kv_prefix + VisibleWindow(rq, p.mask_words, i), c0 + p.kv_chunk);
+    }
+    end_s[threadIdx.x] = e;
+  }
+  __syncthreads();
+  int32_t c1 = c0;  // end of the chunk's keys over all rows
+  for (int r = 0; r < rows; ++r) c1 = max(c1, end_s[r]);
 
-  // This warp's rows.
-  int32_t tok[kRowsPerWarp];  // token index within the request, -1: no row
+  // This warp's rows: r = warp + 4 j (its keys end at end_s[r], 0 past the last row, read from
+  // shared memory rather than held: registers are tight); lane owns dims [lane * kDPerLane,
+  // + kDPerLane).
   float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kDPerLane];
 #pragma unroll
   for (int j = 0; j < kRowsPerWarp; ++j) {
-    const int32_t row = wi.row_begin + warp * kRowsPerWarp + j;
-    tok[j] = row < total_rows ? row / group : -1;
     m[j] = -INFINITY;
     l[j] = 0.0f;
 #pragma unroll
     for (int e = 0; e < kDPerLane; ++e) acc[j][e] = 0.0f;
   }
 
-  // A row's keys, in order, are its "virtual" sequence: positions 0..kv_prefix-1, then the
-  // window entries its mask shows, compacted. Tiles and chunks are cut in that sequence and every
-  // key updates the running max, sum and output on its own, in order, so a row's result depends
-  // only on the keys it sees: a tree node gives bit for bit what decoding its path one token at
-  // a time gives, and a request what it gives in any batch.
-  int32_t vlen[kRowsPerWarp];
-  int32_t warp_max = 0;
-#pragma unroll
-  for (int j = 0; j < kRowsPerWarp; ++j) {
-    vlen[j] = 0;
-    if (tok[j] >= 0) vlen[j] = rq.kv_prefix + VisibleWindow(rq, p.mask_words, tok[j]);
-    warp_max = max(warp_max, vlen[j]);
-  }
-  __shared__ int32_t block_max[kWarps];
-  if (lane == 0) block_max[warp] = warp_max;
-  __syncthreads();
-  int32_t max_vlen = 0;
-  for (int w = 0; w < kWarps; ++w) max_vlen = max(max_vlen, block_max[w]);
-
-  const int32_t c0 = wi.chunk * p.kv_chunk;
-  const int32_t c1 = min(max_vlen, c0 + p.kv_chunk);
+  const bool causal = rq.mask_begin < 0;
   const int32_t* table = p.block_tables + rq.block_table_begin;
+  const int32_t bs = p.block_size;
+  const bool bs_pow2 = (bs & (bs - 1)) == 0;  // the usual case: shifts, not divisions
+  const int bs_shift = __ffs(bs) - 1;
+  auto block_of = [&](int32_t pos) { return bs_pow2 ? pos >> bs_shift : pos / bs; };
+  auto slot_in = [&](int32_t page, int32_t pos) {  // page = table[block_of(pos)]
+    return static_cast<int64_t>(page) * bs + (bs_pow2 ? pos & (bs - 1) : pos % bs);
+  };
+  auto slot_of = [&](int32_t pos) { return slot_in(table[block_of(pos)], pos); };
   // 16-byte K/V loads when every head row is a whole number of them (and so 16-byte aligned:
   // the caches' base addresses are).
-  constexpr int kVec = 16 / sizeof(T);
   const bool vec_loads =
       hd % kVec == 0 &&
       (reinterpret_cast<uintptr_t>(kc) | reinterpret_cast<uintptr_t>(vc)) % 16 == 0;
-  auto slot_of = [&](int32_t pos) {
-    return static_cast<int64_t>(table[pos / p.block_size]) * p.block_size + pos % p.block_size;
-  };
-  const float* qw = q_s + warp * kRowsPerWarp * kDMax;
+  // Tiles whose keys are the same for every row (inside the committed prefix, or any tile of a
+  // causal request: its rows' keys are positions 0, 1, ... too) are staged in shared memory and
+  // shared by the block; the others reach into a tree's window and each warp reads its rows'
+  // keys from global memory (they come last: a few tiles per row at most).
+  auto is_shared = [&](int32_t t0) { return causal || t0 + kTile <= rq.kv_prefix; };
 
-  for (int32_t k0 = c0; k0 < c1; k0 += kTile) {
-    // Tiles wholly inside the committed prefix are the same keys for every row: staged in shared
-    // memory once; so are a causal request's (its rows' keys are positions 0, 1, ... too).
-    // Other tiles reach into a tree's window and are read per row from global memory.
-    const bool shared_tile = rq.mask_begin < 0 || k0 + kTile <= rq.kv_prefix;
-    const int32_t tile_len = min(kTile, c1 - k0);
-    if (shared_tile) {
-      __syncthreads();  // the previous shared tile is no longer being read
-      if (vec_loads) {
-        // 16-byte loads: kVec consecutive elements of one key's head per thread.
-        const int vec_per_row = hd / kVec;
-        for (int idx = threadIdx.x; idx < kTile * vec_per_row; idx += blockDim.x) {
-          const int kk = idx / vec_per_row, d0 = (idx % vec_per_row) * kVec;
-          uint4 kraw = make_uint4(0, 0, 0, 0), vraw = make_uint4(0, 0, 0, 0);
-          if (kk < tile_len) {
-            const int64_t off = (slot_of(k0 + kk) * p.kv_heads + kvh) * hd + d0;
-            kraw = *reinterpret_cast<const uint4*>(kc + off);
-            vraw = *reinterpret_cast<const uint4*>(vc + off);
-          }
-          const T* ke = reinterpret_cast<const T*>(&kraw);
-          const T* ve = reinterpret_cast<const T*>(&vraw);
+  // Staging of shared tiles: registers (16-byte vectors, idx = chunk of a key's row) filled
+  // one tile ahead, so the loads overlap the previous tile's arithmetic.
+  // Lane k looks up the page of key k of a tile once, a tile ahead of its loads (shared tiles
+  // are loaded in order), so that the page table's latency is not on their path.
+  uint4 kreg[L::kLoadIters], vreg[L::kLoadIters];
+  auto page_of = [&](int32_t t0) {
+    return t0 + lane < c1 && is_shared(t0) ? table[block_of(t0 + lane)] : 0;
+  };
+  int32_t page_ahead = page_of(c0);  // the page of the next tile load_tile loads
+  auto load_tile = [&](int32_t t0) {
+    const int32_t len = min(kTile, c1 - t0);
+    const int64_t lane_row =
+        lane < len ? (slot_in(page_ahead, t0 + lane) * p.kv_heads + kvh) * hd : 0;
+    page_ahead = page_of(t0 + kTile);
 #pragma unroll
-          for (int e = 0; e < kVec; ++e) {
-            k_s[kk * (kDMax + 1) + d0 + e] = ToFloat(ke[e]);
-            v_s[kk * kDMax + d0 + e] = ToFloat(ve[e]);
-          }
-        }
+    for (int it = 0; it < L::kLoadIters; ++it) {
+      const int idx = threadIdx.x + kThreads * it;
+      const int kk = idx / L::kChunks, d0 = (idx % L::kChunks) * kVec;
+      const int64_t row_off = __shfl_sync(kFull, lane_row, kk);
+      kreg[it] = make_uint4(0, 0, 0, 0);
+      vreg[it] = make_uint4(0, 0, 0, 0);
+      if (kk < len && d0 < hd) {
+        const int64_t off = row_off + d0;
+        kreg[it] = *reinterpret_cast<const uint4*>(kc + off);
+        vreg[it] = *reinterpret_cast<const uint4*>(vc + off);
+      }
+    }
+  };
+  auto store_tile = [&]() {
+#pragma unroll
+    for (int it = 0; it < L::kLoadIters; ++it) {
+      const int idx = threadIdx.x + kThreads * it;
+      const int kk = idx / L::kChunks, d0 = (idx % L::kChunks) * kVec;
+      *reinterpret_cast<uint4*>(k_s + kk * L::kKStride + d0) = kreg[it];
+      *reinterpret_cast<uint4*>(v_s + kk * kDMax + d0) = vreg[it];
+    }
+  };
+  // Element-wise staging for head sizes that are not whole 16-byte vectors.
+  auto stage_scalar = [&](int32_t t0) {
+    const int32_t len = min(kTile, c1 - t0);
+    for (int idx = threadIdx.x; idx < kTile * kDMax; idx += kThreads) {
+      const int kk = idx / kDMax, d = idx % kDMax;
+      T kv = FromFloat<T>(0.0f), vv = FromFloat<T>(0.0f);
+      if (kk < len && d < hd) {
+        const int64_t off = (slot_of(t0 + kk) * p.kv_heads + kvh) * hd + d;
+        kv = kc[off];
+        vv = vc[off];
+      }
+      k_s[kk * L::kKStride + d] = kv;
+      v_s[kk * kDMax + d] = vv;
+    }
+  };
+
+  bool prefetched = false;
+  for (int32_t k0 = c0; k0 < c1; k0 += kTile) {
+    if (is_shared(k0)) {
+      if (vec_loads && !prefetched) load_tile(k0);
+      __syncthreads();  // the previous tile is no longer being read
+      if (vec_loads) {
+        store_tile();
       } else {
-        for (int idx = threadIdx.x; idx < kTile * hd; idx += blockDim.x) {
-          const int kk = idx / hd, d = idx % hd;
-          float kv = 0.0f, vv = 0.0f;
-          if (kk < tile_len) {
-            const int64_t off = (slot_of(k0 + kk) * p.kv_heads + kvh) * hd + d;
-            kv = ToFloat(kc[off]);
-            vv = ToFloat(vc[off]);
+        stage_scalar(k0);
+      }
+      __syncthreads();
+      prefetched = false;
+      if constexpr (L::kPrefetch) {
+        const int32_t n0 = k0 + kTile;
+        if (vec_loads && n0 < c1 && is_shared(n0)) {
+          load_tile(n0);
+          prefetched = true;
+        }
+      }
+
+      // Scores: thread (key, part) keeps its part of the key's row in registers and runs it
+      // against every row that sees this tile; the 4 parts of a key are adjacent lanes.
+      {
+        const int key = threadIdx.x / kParts, part = threadIdx.x % kParts;
+        float kf[L::kChunksPerPart][kVec];
+#pragma unroll
+        for (int i = 0; i < L::kChunksPerPart; ++i)
+          LoadFloats<T, kVec>(k_s + key * L::kKStride + (part + kParts * i) * kVec, kf[i]);
+        for (int r = 0; r < rows; ++r) {
+          if (end_s[r] <= k0) continue;  // block-uniform
+          const float* qr = q_s + r * kDMax;
+          float sc = 0.0f;
+#pragma unroll
+          for (int i = 0; i < L::kChunksPerPart; ++i) {
+            const int d0 = (part + kParts * i) * kVec;
+#pragma unroll
+            for (int e4 = 0; e4 < kVec; e4 += 4) {
+              const float4 q4 = *reinterpret_cast<const float4*>(qr + d0 + e4);
+              sc = __fmaf_rn(q4.x, kf[i][e4], sc);
+              sc = __fmaf_rn(q4.y, kf[i][e4 + 1], sc);
+              sc = __fmaf_rn(q4.z, kf[i][e4 + 2], sc);
+              sc = __fmaf_rn(q4.w, kf[i][e4 + 3], sc);
+            }
           }
-          k_s[kk * (kDMax + 1) + d] = kv;
-          v_s[kk * kDMax + d] = vv;
+          sc = __fadd_rn(sc, __shfl_xor_sync(kFull, sc, 1));  // p0 + p1, p2 + p3
+          sc = __fadd_rn(sc, __shfl_xor_sync(kFull, sc, 2));  // (p0 + p1) + (p2 + p3)
+          if (part == 0) s_s[r * kTile + key] = sc;
         }
       }
       __syncthreads();
-    }
 
-    // Lane l owns key k0 + l of each of the warp's rows: its slot and its score.
-    const int32_t v = k0 + lane;
-    int64_t slot[kRowsPerWarp];
-    float s[kRowsPerWarp];
-    unsigned vis[kRowsPerWarp];
-    bool any = false;
-#pragma unroll
-    for (int j = 0; j < kRowsPerWarp; ++j) {
-      const bool mine = lane < tile_len && v < vlen[j];
-      slot[j] = 0;
-      s[j] = 0.0f;
-      if (mine && !shared_tile) {
-        const int32_t pos = v < rq.kv_prefix ? v
-                                             : rq.kv_prefix + WindowEntry(rq, p.mask_words, tok[j],
-                                                                          v - rq.kv_prefix);
-        slot[j] = slot_of(pos);
-      }
-      vis[j] = __ballot_sync(0xffffffffu, mine);
-      any |= vis[j] != 0;
-    }
-    if (!any) continue;  // warp-uniform
-
-    if (shared_tile) {
-      const float* krow = k_s + lane * (kDMax + 1);
-      for (int d = 0; d < hd; ++d) {
-        const float kd = krow[d];
-#pragma unroll
-        for (int j = 0; j < kRowsPerWarp; ++j) s[j] = fmaf(qw[j * kDMax + d], kd, s[j]);
-      }
-    } else {
+      // Softmax of each row of the warp (p replaces the score), then its output update.
+      float corr[kRowsPerWarp];
+      int32_t nk_max = 0;  // keys any of the warp's rows sees in this tile
 #pragma unroll
       for (int j = 0; j < kRowsPerWarp; ++j) {
-        if (!((vis[j] >> lane) & 1u)) continue;
-        const T* krow = kc + (slot[j] * p.kv_heads + kvh) * hd;
-        float acc_s = 0.0f;
-        for (int d = 0; d < hd; ++d) acc_s = fmaf(qw[j * kDMax + d], ToFloat(krow[d]), acc_s);
-        s[j] = acc_s;
+        corr[j] = 1.0f;
+        if (end_s[warp + kWarps * j] <= k0) continue;  // warp-uniform
+        const int r = warp + kWarps * j;
+        const bool visible = k0 + lane < end_s[warp + kWarps * j];
+        const float pk = RowTileSoftmax(s_s[r * kTile + lane], visible, m[j], l[j], corr[j]);
+        s_s[r * kTile + lane] = pk;
+        nk_max = max(nk_max, min(kTile, end_s[warp + kWarps * j] - k0));
       }
-    }
-
-    // Keys in order: running max m, sum l and output acc (rescaled when the max grows).
+      __syncwarp();
 #pragma unroll
-    for (int j = 0; j < kRowsPerWarp; ++j) {
-      for (unsigned bits = vis[j]; bits != 0; bits &= bits - 1) {
-        const int kk = __ffs(bits) - 1;
-        const float sk = __shfl_sync(0xffffffffu, s[j], kk);
-        if (sk > m[j]) {
-          const float corr = m[j] == -INFINITY ? 0.0f : exp2f(m[j] - sk);
-          m[j] = sk;
-          l[j] *= corr;
+      for (int j = 0; j < kRowsPerWarp; ++j) {
+        if (end_s[warp + kWarps * j] <= k0) continue;
 #pragma unroll
-          for (int e = 0; e < kDPerLane; ++e) acc[j][e] *= corr;
-        }
-        const float pk = exp2f(sk - m[j]);
-        l[j] += pk;
-        if (shared_tile) {
+        for (int e = 0; e < kDPerLane; ++e) acc[j][e] = __fmul_rn(acc[j][e], corr[j]);
+      }
+      // Keys in order; p is 0 past a row's last key (an exact no-op: acc is never -0).
+      for (int k = 0; k < nk_max; k += 4) {
+        float4 p4[kRowsPerWarp];
 #pragma unroll
-          for (int e = 0; e < kDPerLane; ++e) {
-            const int d = lane + 32 * e;
-            if (d < hd) acc[j][e] = fmaf(pk, v_s[kk * kDMax + d], acc[j][e]);
+        for (int j = 0; j < kRowsPerWarp; ++j)
+          p4[j] = end_s[warp + kWarps * j] > k0
+                      ? *reinterpret_cast<const float4*>(s_s + (warp + kWarps * j) * kTile + k)
+                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          float vf[kDPerLane];
+          LoadFloats<T, kDPerLane>(v_s + (k + kk) * kDMax + lane * kDPerLane, vf);
+#pragma unroll
+          for (int j = 0; j < kRowsPerWarp; ++j) {
+            if (end_s[warp + kWarps * j] <= k0) continue;
+            const float pk = kk == 0 ? p4[j].x : kk == 1 ? p4[j].y : kk == 2 ? p4[j].z : p4[j].w;
+#pragma unroll
+            for (int e = 0; e < kDPerLane; ++e) acc[j][e] = __fmaf_rn(pk, vf[e], acc[j][e]);
           }
-        } else {
-          const int64_t sl = __shfl_sync(0xffffffffu, slot[j], kk);
-          const T* vrow = vc + (sl * p.kv_heads + kvh) * hd;
+        }
+      }
+    } else {
+      // A tile reaching into the tree's window: each warp on its own rows, lane = key.
 #pragma unroll
-          for (int e = 0; e < kDPerLane; ++e) {
-            const int d = lane + 32 * e;
-            if (d < hd) acc[j][e] = fmaf(pk, ToFloat(vrow[d]), acc[j][e]);
+      for (int j = 0; j < kRowsPerWarp; ++j) {
+        if (end_s[warp + kWarps * j] <= k0) continue;  // warp-uniform
+        const int r = warp + kWarps * j;
+        const int32_t i = (wi.row_begin + r) / group;
+        const int32_t v = k0 + lane;
+        const bool visible = v < end_s[warp + kWarps * j];
+        int64_t slot = 0;
+        float sc = 0.0f;
+        if (visible) {
+          const int32_t pos =
+              v < rq.kv_prefix ? v
+                               : rq.kv_prefix + WindowEntry(rq, p.mask_words, i, v - rq.kv_prefix);
+          slot = slot_of(pos);
+          const T* krow = kc + (slot * p.kv_heads + kvh) * hd;
+          const float* qr = q_s + r * kDMax;
+          float part[kParts];
+#pragma unroll
+          for (int pp = 0; pp < kParts; ++pp)
+            part[pp] = DotPartGlobal<T, kDMax>(qr, krow, hd, vec_loads, pp);
+          sc = __fadd_rn(__fadd_rn(part[0], part[1]), __fadd_rn(part[2], part[3]));
+        }
+        float cj;
+        const float pk = RowTileSoftmax(sc, visible, m[j], l[j], cj);
+#pragma unroll
+        for (int e = 0; e < kDPerLane; ++e) acc[j][e] = __fmul_rn(acc[j][e], cj);
+        // Keys in order, their V rows loaded kBatch at a time (independent loads in flight).
+        constexpr int kBatch = 8;
+        const int32_t nk = min(kTile, end_s[warp + kWarps * j] - k0);
+        for (int kb = 0; kb < nk; kb += kBatch) {
+          float pb[kBatch], vb[kBatch][kDPerLane];
+#pragma unroll
+          for (int u = 0; u < kBatch; ++u) {
+            const int k = kb + u;  // < kTile: nk <= kTile and kTile % kBatch == 0
+            pb[u] = __shfl_sync(kFull, pk, k);
+            const int64_t sl = __shfl_sync(kFull, slot, k);
+            const T* vrow = vc + (sl * p.kv_heads + kvh) * hd;
+#pragma unroll
+            for (int e = 0; e < kDPerLane; ++e) {
+              const int d = lane * kDPerLane + e;
+              vb[u][e] = k < nk && d < hd ? ToFloat(vrow[d]) : 0.0f;
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < kBatch; ++u) {
+            if (kb + u >= nk) break;
+#pragma unroll
+            for (int e = 0; e < kDPerLane; ++e) acc[j][e] = __fmaf_rn(pb[u], vb[u][e], acc[j][e]);
           }
         }
       }
@@ -250,26 +448,27 @@ __global__ void __launch_bounds__(kWarps * 32) TreeAttentionKernel(const TreeAtt
   // Results: final rows, or partial rows for the merge.
 #pragma unroll
   for (int j = 0; j < kRowsPerWarp; ++j) {
-    if (tok[j] < 0) continue;
-    const int32_t row = wi.row_begin + warp * kRowsPerWarp + j;
+    const int r = warp + kWarps * j;
+    if (r >= rows) continue;
+    const int32_t row = wi.row_begin + r;
+    const int32_t tok = row / group;
     const int32_t h = kvh * group + row % group;
     if (rq.num_chunks == 1) {
-      const int64_t t = rq.token_begin + tok[j];
+      const int64_t t = rq.token_begin + tok;
       OutT* o = static_cast<OutT*>(p.out) + (t * p.qo_heads + h) * hd;
       const float inv = l[j] > 0.0f ? 1.0f / l[j] : 0.0f;
 #pragma unroll
       for (int e = 0; e < kDPerLane; ++e) {
-        const int d = lane + 32 * e;
+        const int d = lane * kDPerLane + e;
         if (d < hd) o[d] = FromFloat<OutT>(acc[j][e] * inv);
       }
     } else {
       const int64_t prow = rq.partial_begin +
-                           (static_cast<int64_t>(wi.chunk) * rq.token_count + tok[j]) * p.qo_heads +
-                           h;
+                           (static_cast<int64_t>(wi.chunk) * rq.token_count + tok) * p.qo_heads + h;
       float* o = p.partial_out + prow * hd;
 #pragma unroll
       for (int e = 0; e < kDPerLane; ++e) {
-        const int d = lane + 32 * e;
+        const int d = lane * kDPerLane + e;
         if (d < hd) o[d] = acc[j][e];
       }
       if (lane == 0) {
@@ -316,14 +515,14 @@ __global__ void TreeAttentionMergeKernel(const TreeAttentionParams p) {
 
 template <typename T, typename OutT, int kDMax>
 cudaError_t LaunchTyped(const TreeAttentionParams& p, cudaStream_t stream) {
-  constexpr size_t smem = SharedFloats<kDMax>() * sizeof(float);
+  constexpr size_t smem = Layout<T, kDMax>::kBytes;
   // Above 48 KiB a kernel must opt in (once per instantiation).
   static const cudaError_t attr =
       cudaFuncSetAttribute(reinterpret_cast<const void*>(&TreeAttentionKernel<T, OutT, kDMax>),
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr != cudaSuccess) return attr;
   if (p.num_work > 0) {
-    SPECINFER_LAUNCH(dim3(p.num_work, p.kv_heads), kWarps * 32, smem, stream,
+    SPECINFER_LAUNCH(dim3(p.num_work, p.kv_heads), kThreads, smem, stream,
                      TreeAttentionKernel<T, OutT, kDMax>)
     (p);
     cudaError_t err = cudaGetLastError();

@@ -16,18 +16,24 @@
 //   (base-2 exponentials, scale * log2(e) folded into q).
 // Order: a row's keys form its "virtual" sequence: positions 0..kv_prefix-1, then the window
 //   entries its mask shows, compacted, in order. KV chunks and 32-key tiles are cut in that
-//   sequence and each key updates the row's running max, sum and output in turn (a rescale only
-//   when the max grows), so a row's result depends only on the keys it sees, in order: bit for
-//   bit the same in any batch, and for a tree node the same as decoding its root-to-node path one
-//   token at a time (what keeps speculative greedy output equal to incremental output).
+//   sequence, and every tile goes through the same arithmetic whatever its kind: scores q . k
+//   (4 fixed partial sums of fmas, added pairwise), the tile's max, one rescale of the running
+//   max, sum and output (online softmax per tile), the tile's sum of p by a fixed butterfly,
+//   and p.V as one fma chain per output element over the tile's keys in order. So a row's
+//   result depends only on the keys it sees, in order: bit for bit the same in any batch, and
+//   for a tree node the same as decoding its root-to-node path one token at a time (what keeps
+//   speculative greedy output equal to incremental output).
 // Launch (flashinfer-style plan/run split): the host plan (backend/cuda/tree_attention_plan.h)
 //   cuts the work into items of (request, 16 consecutive (token, group-head) rows, KV chunk);
-//   the run launches grid (num_work, kv_heads) blocks of 128 threads (4 warps x 4 rows). Tiles
+//   the run launches grid (num_work, kv_heads) blocks of 128 threads; row r belongs to warp
+//   r % 4 (softmax: a lane per key; output: a lane per head_dim / 32 contiguous dims). Tiles
 //   that hold the same keys for every row (inside the committed prefix, or any tile of a causal
-//   request) are staged in shared memory as float32 (16-byte loads when head_dim allows); tiles
-//   reaching into a tree's window are read per row from global memory. A lane owns one key of a
-//   tile for the scores and head_dim / 32 output dimensions. Requests cut into several chunks
-//   write partial (max, sum, output) rows that a second kernel merges. head_dim <= 256.
+//   request) are staged in shared memory as T (16-byte loads when head_dim allows, the next
+//   tile loaded into registers while this one is computed), and their scores are computed by
+//   thread (key, quarter of head_dim) for all the block's rows; tiles reaching into a tree's
+//   window (the last few of a row) are read per row from global memory by the row's warp.
+//   Requests cut into several chunks write partial (max, sum, output) rows that a second
+//   kernel merges. head_dim <= 256.
 // Tolerance against the CPU reference (float32 K/V): 2e-5 + 2e-5 |ref|; with fp16/bf16 inputs
 //   against an fp64 reference on the same rounded inputs: 1e-3 + 1e-3 |ref| (fp16), 1e-2 (bf16)
 //   when OutT is the 16-bit type (its rounding dominates), 2e-5 when OutT is float32.

@@ -111,6 +111,10 @@ T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
 inline unsigned __ballot_sync(unsigned mask, int predicate) {
   return ::specinfer::emu::WarpBallot(mask, predicate != 0);
 }
+// A barrier over the warp (what makes shared-memory writes of its lanes visible to the others).
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  (void)::specinfer::emu::WarpBallot(mask, true);
+}
 
 inline int __popc(unsigned x) { return std::popcount(x); }
 inline int __popcll(unsigned long long x) { return std::popcount(x); }

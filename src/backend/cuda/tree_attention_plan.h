@@ -24,7 +24,9 @@ struct TreeAttentionPlanOptions {
   // Partial rows the caller's workspace holds ([rows, head_dim] + [rows, 2] floats); splitting
   // is limited to what fits (0: never split).
   int64_t partial_capacity_rows = 0;
-  int32_t min_chunk = 256;  // never split into chunks shorter than this (positions)
+  // Never split into chunks shorter than this (positions): 4 tiles, enough for the kernel to
+  // overlap one tile's loads with the previous tile's arithmetic.
+  int32_t min_chunk = 128;
   // > 0: every request is cut into chunks of exactly this many positions (rounded up to the
   // tile), whatever else is in the batch, so a token's result is bit-identical in every batch
   // (what ForwardBatch::batch_invariant asks for). ResourceExhausted if the partial rows do not
