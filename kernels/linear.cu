@@ -97,44 +97,44 @@ struct SharedX {
   }
 };
 
-// Dequantised quants of block b of a row (element j is d * q[j], + m for Q4_1).
+// 32-bit words of packed quants per block: Q8_0 one byte per element, Q4 one nibble.
+__host__ __device__ constexpr int QuantWords(ElemType t) { return t == ElemType::kQ8_0 ? 8 : 4; }
+
+// Block b of a row: its quants packed 4 bytes to a word (blocks are only 2-byte aligned, so read
+// as 16-bit halves), its scale d and, for Q4_1, its minimum m (element j is d * q_j (+ m)).
 template <ElemType W>
-__device__ __forceinline__ void LoadQuantBlock(const uint8_t* wrow, int64_t b, float (&q)[32],
-                                               float& d, float& m) {
+__device__ __forceinline__ void LoadQuantBlock(const uint8_t* wrow, int64_t b,
+                                               uint32_t (&wd)[QuantWords(W)], float& d, float& m) {
+  const uint16_t* p;
   m = 0.0f;
   if constexpr (W == ElemType::kQ8_0) {
     const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(wrow) + b;
     d = HalfBitsToFloat(blk->d);
-    const uint16_t* p = reinterpret_cast<const uint16_t*>(blk->qs);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const uint16_t v = p[i];
-      q[2 * i] = static_cast<float>(static_cast<int8_t>(v & 0xff));
-      q[2 * i + 1] = static_cast<float>(static_cast<int8_t>(v >> 8));
-    }
+    p = reinterpret_cast<const uint16_t*>(blk->qs);
+  } else if constexpr (W == ElemType::kQ4_0) {
+    const BlockQ4_0* blk = reinterpret_cast<const BlockQ4_0*>(wrow) + b;
+    d = HalfBitsToFloat(blk->d);
+    p = reinterpret_cast<const uint16_t*>(blk->qs);
   } else {
-    const uint16_t* p;
-    if constexpr (W == ElemType::kQ4_0) {
-      const BlockQ4_0* blk = reinterpret_cast<const BlockQ4_0*>(wrow) + b;
-      d = HalfBitsToFloat(blk->d);
-      p = reinterpret_cast<const uint16_t*>(blk->qs);
-    } else {
-      const BlockQ4_1* blk = reinterpret_cast<const BlockQ4_1*>(wrow) + b;
-      d = HalfBitsToFloat(blk->d);
-      m = HalfBitsToFloat(blk->m);
-      p = reinterpret_cast<const uint16_t*>(blk->qs);
-    }
-    const float off = W == ElemType::kQ4_0 ? 8.0f : 0.0f;
+    const BlockQ4_1* blk = reinterpret_cast<const BlockQ4_1*>(wrow) + b;
+    d = HalfBitsToFloat(blk->d);
+    m = HalfBitsToFloat(blk->m);
+    p = reinterpret_cast<const uint16_t*>(blk->qs);
+  }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint16_t v = p[i];
-      // v = qs[2i] | qs[2i + 1] << 8: low nibbles are elements 2i, 2i + 1, high nibbles
-      // elements 2i + 16, 2i + 17.
-      q[2 * i] = static_cast<float>(v & 15) - off;
-      q[2 * i + 1] = static_cast<float>((v >> 8) & 15) - off;
-      q[2 * i + 16] = static_cast<float>((v >> 4) & 15) - off;
-      q[2 * i + 17] = static_cast<float>(v >> 12) - off;
-    }
+  for (int k = 0; k < QuantWords(W); ++k)
+    wd[k] = static_cast<uint32_t>(p[2 * k]) | static_cast<uint32_t>(p[2 * k + 1]) << 16;
+}
+
+// Quant of element 4 * j + e (j < 8, e < 4) of a block, as float. Q8_0: byte 4j + e. Q4: for
+// element i < 16 the low nibble of byte i, for i >= 16 the high nibble of byte i - 16.
+template <ElemType W>
+__device__ __forceinline__ float QuantAt(const uint32_t (&wd)[QuantWords(W)], int j, int e) {
+  if constexpr (W == ElemType::kQ8_0) {
+    return static_cast<float>(static_cast<int8_t>((wd[j] >> (8 * e)) & 0xff));
+  } else {
+    const uint32_t v = (wd[j & 3] >> (8 * e + (j >= 4 ? 4 : 0))) & 15;
+    return static_cast<float>(v) - (W == ElemType::kQ4_0 ? 8.0f : 0.0f);
   }
 }
 
@@ -168,32 +168,53 @@ __device__ __forceinline__ void DotChunk(const X& xs, const uint8_t* (&wrow)[kRw
                                          int64_t k1, int nt, bool vec, int lane,
                                          float (&acc)[kRw][kTok]) {
   if constexpr (IsQuant(W)) {
-    // One 32-element block per lane per step: sum_j q_j x_j, scaled once per block.
+    // One 32-element block per lane per step: sum_j q_j x_j, scaled once per block. The loop
+    // runs over the block's 8 float4s of x, each read once and used for all kRw rows.
     for (int64_t b = k0 / 32 + lane; b * 32 < k1; b += 32) {
       const int64_t c = b * 32;
+      uint32_t wd[kRw][QuantWords(W)];
+      float d[kRw], m[kRw];
 #pragma unroll
-      for (int i = 0; i < kRw; ++i) {
-        float q[32], d, m;
-        LoadQuantBlock<W>(wrow[i], b, q, d, m);
+      for (int i = 0; i < kRw; ++i) LoadQuantBlock<W>(wrow[i], b, wd[i], d[i], m[i]);
+      float s[kRw][kTok], sx[kTok];
+#pragma unroll
+      for (int t = 0; t < kTok; ++t) {
+        sx[t] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kRw; ++i) s[i][t] = 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        float q[kRw][4];
+#pragma unroll
+        for (int i = 0; i < kRw; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) q[i][e] = QuantAt<W>(wd[i], j, e);
 #pragma unroll
         for (int t = 0; t < kTok; ++t) {
           if (t < nt) {
-            float s = 0.0f, sx = 0.0f;
+            const float4 a = xs.Get4(t, c + 4 * j);
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              const float4 a = xs.Get4(t, c + 4 * j);
-              s = __fmaf_rn(q[4 * j], a.x, s);
-              s = __fmaf_rn(q[4 * j + 1], a.y, s);
-              s = __fmaf_rn(q[4 * j + 2], a.z, s);
-              s = __fmaf_rn(q[4 * j + 3], a.w, s);
-              if constexpr (W == ElemType::kQ4_1)
-                sx = __fadd_rn(sx, __fadd_rn(__fadd_rn(a.x, a.y), __fadd_rn(a.z, a.w)));
+            for (int i = 0; i < kRw; ++i) {
+              s[i][t] = __fmaf_rn(q[i][0], a.x, s[i][t]);
+              s[i][t] = __fmaf_rn(q[i][1], a.y, s[i][t]);
+              s[i][t] = __fmaf_rn(q[i][2], a.z, s[i][t]);
+              s[i][t] = __fmaf_rn(q[i][3], a.w, s[i][t]);
             }
-            acc[i][t] = __fmaf_rn(d, s, acc[i][t]);
-            if constexpr (W == ElemType::kQ4_1) acc[i][t] = __fmaf_rn(m, sx, acc[i][t]);
+            if constexpr (W == ElemType::kQ4_1)
+              sx[t] = __fadd_rn(sx[t], __fadd_rn(__fadd_rn(a.x, a.y), __fadd_rn(a.z, a.w)));
           }
         }
       }
+#pragma unroll
+      for (int i = 0; i < kRw; ++i)
+#pragma unroll
+        for (int t = 0; t < kTok; ++t) {
+          if (t < nt) {
+            acc[i][t] = __fmaf_rn(d[i], s[i][t], acc[i][t]);
+            if constexpr (W == ElemType::kQ4_1) acc[i][t] = __fmaf_rn(m[i], sx[t], acc[i][t]);
+          }
+        }
     }
   } else if (vec) {
     // 8 columns (16 bytes of fp16) per lane per step; the activations loaded for a token serve
@@ -241,11 +262,18 @@ __device__ __forceinline__ void DotChunk(const X& xs, const uint8_t* (&wrow)[kRw
   }
 }
 
+// Blocks per SM that ptxas must fit (caps registers, without spills on sm_90): decode as many as
+// the old one-row kernel got (12 caps it at 42 registers; it needs 32-40); float types 4 at 8
+// tokens (128 registers), 3 at 16 (168); Q4 3; Q8_0 2 (251: 4 rows of 32 unpacked bytes).
+__host__ __device__ constexpr int MinBlocksOf(ElemType t, int tok, bool staged) {
+  return !staged ? 12 : t == ElemType::kQ8_0 ? 2 : IsQuant(t) || tok > 8 ? 3 : 4;
+}
+
 // A warp computes rows [r0, r0 + kRw) for tiles of kTok tokens in turn. kStaged: the block
 // copies each (token tile, column chunk) of x into shared memory once and its four warps read
 // it from there; otherwise x comes from global memory (decode).
 template <ElemType W, int kRw, int kTok, bool kStaged>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, MinBlocksOf(W, kTok, kStaged))
     LinearKernel(const uint8_t* __restrict__ w, int64_t rows, int64_t cols,
                  const float* __restrict__ x, int32_t n, float* y, float beta) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -264,7 +292,7 @@ __global__ void __launch_bounds__(kThreads)
     stage = smem;
   }
 
-  // The block's weights (kRw * kWarps rows) stay in L1/L2 across token tiles.
+  // Each token tile reads the block's weight rows again: from L2 when they still fit there.
   for (int t0 = 0; t0 < n; t0 += kTok) {
     const int nt = min(kTok, n - t0);
     const float* xt = x + static_cast<int64_t>(t0) * cols;
@@ -325,8 +353,9 @@ cudaError_t LaunchTyped(const void* w, int64_t rows, int64_t cols, const float* 
   // Decode: pure weight bandwidth; one row per warp and many blocks, x from L1.
   if (n == 1) return LaunchShape<W, 1, 1, false>(w, rows, cols, x, n, y, beta, stream);
   // Trees: 4 rows per warp, so each staged activation read serves 4 weight rows.
-  // Larger trees, float types: 16 tokens per tile, so the weights pass through L1 half as often.
-  // (A block type's chunk holds 32 whole blocks per lane group, which leaves room for 8 tokens.)
+  // Larger trees, float types: 16 tokens per tile, so the weights are read (mostly from L2) half
+  // as often. A block type's chunk must give every lane one 32-element block (1024 columns),
+  // which leaves room for 8 tokens in the 32 KiB.
   if constexpr (IsQuant(W)) {
     return LaunchShape<W, 4, 8, true>(w, rows, cols, x, n, y, beta, stream);
   } else {
