@@ -5,12 +5,23 @@
 // memory) and x, y float32. beta == 0 does not read y.
 // Layout: W [rows, ElemRowBytes(type, cols)] bytes, row-major (256-byte aligned); x [n, cols];
 // y [n, rows].
-// Launch: 128 threads (4 warps) per block, grid ceil(rows / 4); a warp computes one output row r
-// for tiles of up to 8 tokens in turn (its weight row stays in cache across tiles). Each lane
-// sums a fixed, strided subset of the columns with explicit fused multiply-adds, then a fixed
-// butterfly of warp shuffles adds the 32 partial sums. The order of every addition depends only on `cols` and the type: a token's
-// outputs are bit-identical whatever n is and whichever tile it falls in (what token-tree
-// verification needs; cuBLAS promises no such thing).
+// Launch: 128 threads (4 warps) per block; a warp computes kRw consecutive output rows for
+// tiles of up to kTok tokens in turn, so a block owns 4 * kRw rows, grid ceil(rows / (4 * kRw)).
+// By n: n = 1 (decode), kRw = 1, kTok = 1, x read from global memory (L1), no shared memory:
+// pure weight bandwidth. 2 <= n <= 8, and every n for the block types: kRw = 4, kTok = 8.
+// n > 8, float types: kRw = 4, kTok = 16. In the last two the block stages each (token tile,
+// column chunk) of x in shared memory (about 33 KiB dynamic; chunks of 1024 or 512 columns)
+// and every warp reads it from there, so one activation load serves 4 weight rows and one
+// 16-byte weight load serves up to kTok tokens; the block's weight rows are read from memory
+// once per token tile (from L2 after the first tile).
+// Order of additions: lane l sums a fixed, strided subset of the columns (8-column groups l,
+// l + 32, ...; for the block types, blocks l, l + 32, ...; single columns l, l + 32, ... when
+// cols is not a multiple of 8) in increasing column order with explicit fused multiply-adds,
+// then a fixed butterfly of warp shuffles adds the 32 partial sums. Chunks are whole warp steps
+// and every token has its own accumulators, so the order of every addition for y[t, r] depends
+// only on `cols` and the type, never on n, kRw, kTok or the token's place in the batch: a
+// token's outputs are bit-identical whatever batch it is in (what token-tree verification
+// needs; cuBLAS promises no such thing). No tensor cores: their internal order is not ours.
 // Tolerance against an fp64 reference on the same (dequantised) weights: 1e-5 * sum_c |W x|
 // (float32 accumulation). Against the CPU backend, quantised types differ more, because the CPU
 // quantises the activations to 8 bits first.

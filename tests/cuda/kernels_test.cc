@@ -185,6 +185,63 @@ TEST(CudaLinear, IsBatchInvariant) {
   }
 }
 
+// The tiled shapes' edges: token tiles of 8 and 16 with a partial last tile, rows that do not
+// fill the last block, column chunks (1024 or 512) with a partial last chunk, and cols that are
+// not a multiple of 8 (the column-at-a-time path). Every token of a 40-token batch must equal,
+// bit for bit, the same token computed alone (n = 1, the decode shape) and within a sub-batch
+// of 3 or 9, and be within the fp64 tolerance.
+TEST(CudaLinear, TilesAndChunksKeepTheOrder) {
+  std::mt19937 rng(16);
+  for (const TypePair& tp : kTypes) {
+    const bool block_type =
+        tp.etype == ElemType::kQ8_0 || tp.etype == ElemType::kQ4_0 || tp.etype == ElemType::kQ4_1;
+    std::vector<int64_t> col_set = {1312};
+    if (!block_type) col_set.insert(col_set.end(), {1100, 1101});
+    for (int64_t cols : col_set) {
+      const int64_t rows = 37;
+      const int32_t n = 40;
+      std::vector<uint8_t> bytes;
+      std::vector<float> wv;
+      RandomMatrix(tp.dtype, rows, cols, rng, &bytes, &wv);
+      std::vector<float> x = testing::RandomActivations(n * cols, rng);
+      const std::string what = std::string(DTypeName(tp.dtype)) + " cols " + std::to_string(cols);
+      DeviceArray<uint8_t> dw(bytes);
+      DeviceArray<float> dx(x), dy(static_cast<size_t>(n * rows));
+      CUDA_OK(kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, dx.get(), n, dy.get(), 0.0f,
+                                    nullptr));
+      const std::vector<float> all = dy.Download();
+
+      std::vector<double> err(all.size()), zero(all.size(), 0.0);
+      for (int32_t t = 0; t < n; ++t)
+        for (int64_t r = 0; r < rows; ++r) {
+          double s = 0, a = 0;
+          for (int64_t c = 0; c < cols; ++c) {
+            const double p = static_cast<double>(wv[r * cols + c]) * x[t * cols + c];
+            s += p;
+            a += std::fabs(p);
+          }
+          err[t * rows + r] = std::fabs(all[t * rows + r] - s) / (1e-30 + a);
+        }
+      EXPECT_ALL_CLOSE(err, zero, 1e-5, 0.0, what + " (relative error)");
+
+      for (int32_t t = 0; t < n; ++t) {
+        for (int32_t count : {1, 3, 9}) {
+          if (t + count > n || (count > 1 && t % 13 != 4)) continue;
+          DeviceArray<float> sx(
+              std::vector<float>(x.begin() + t * cols, x.begin() + (t + count) * cols));
+          DeviceArray<float> sy(static_cast<size_t>(count * rows));
+          CUDA_OK(kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, sx.get(), count, sy.get(),
+                                        0.0f, nullptr));
+          const std::vector<float> want(all.begin() + t * rows, all.begin() + (t + count) * rows);
+          EXPECT_ALL_CLOSE(
+              sy.Download(), want, 0.0, 0.0,
+              what + " tokens " + std::to_string(t) + ".." + std::to_string(t + count));
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaRope, MatchesCpuRopeTableBitForBit) {
   std::mt19937 rng(15);
   std::normal_distribution<float> normal(0.0f, 1.0f);
