@@ -55,6 +55,20 @@ void RandomMatrix(DType t, int64_t rows, int64_t cols, std::mt19937& rng,
   }
 }
 
+// fp64 reference of one output of a matrix product: sum_c W[r, c] x[t, c], and in *abs_sum the
+// sum of the products' magnitudes (the scale the kernels' tolerance is relative to).
+double Fp64Output(const std::vector<float>& w, const std::vector<float>& x, int64_t cols,
+                  int32_t t, int64_t r, double* abs_sum) {
+  double s = 0, a = 0;
+  for (int64_t c = 0; c < cols; ++c) {
+    const double p = static_cast<double>(w[r * cols + c]) * x[t * cols + c];
+    s += p;
+    a += std::fabs(p);
+  }
+  *abs_sum = a;
+  return s;
+}
+
 TEST(CudaDequant, MatchesCpuToFloatOnEveryType) {
   std::mt19937 rng(11);
   for (const TypePair& tp : kTypes) {
@@ -123,12 +137,8 @@ TEST(CudaLinear, MatchesFp64ReferenceOnEveryType) {
             std::vector<double> scale(y0.size());
             for (int32_t t = 0; t < n; ++t)
               for (int64_t r = 0; r < rows; ++r) {
-                double s = 0, a = 0;
-                for (int64_t c = 0; c < cols; ++c) {
-                  const double p = static_cast<double>(wv[r * cols + c]) * x[t * cols + c];
-                  s += p;
-                  a += std::fabs(p);
-                }
+                double a = 0;
+                const double s = Fp64Output(wv, x, cols, t, r, &a);
                 want[t * rows + r] = beta * y0[t * rows + r] + s;
                 scale[t * rows + r] = a + std::fabs(y0[t * rows + r]);
               }
@@ -214,12 +224,8 @@ TEST(CudaLinear, TilesAndChunksKeepTheOrder) {
       std::vector<double> err(all.size()), zero(all.size(), 0.0);
       for (int32_t t = 0; t < n; ++t)
         for (int64_t r = 0; r < rows; ++r) {
-          double s = 0, a = 0;
-          for (int64_t c = 0; c < cols; ++c) {
-            const double p = static_cast<double>(wv[r * cols + c]) * x[t * cols + c];
-            s += p;
-            a += std::fabs(p);
-          }
+          double a = 0;
+          const double s = Fp64Output(wv, x, cols, t, r, &a);
           err[t * rows + r] = std::fabs(all[t * rows + r] - s) / (1e-30 + a);
         }
       EXPECT_ALL_CLOSE(err, zero, 1e-5, 0.0, what + " (relative error)");
