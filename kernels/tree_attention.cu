@@ -14,10 +14,12 @@ constexpr int kRows = kTreeAttnRowsPerBlock;  // 16 rows per block; row r belong
 constexpr int kRowsPerWarp = kRows / kWarps;  // 4
 constexpr int kTile = kTreeAttnTileKv;        // 32: one key per lane in the softmax
 constexpr int kParts = 4;                     // partial sums of one q . k dot product
+constexpr int kScoreRows = 2;                 // rows whose scores a thread computes together
 constexpr unsigned kFull = 0xffffffffu;
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kTile == 32 && kThreads == kTile * kParts, "scores: one thread per (key, part)");
 static_assert(kTile % 8 == 0, "window tiles: V rows loaded 8 keys at a time");
+static_assert(kRows % kScoreRows == 0, "score row groups stay inside the block's rows");
 
 // Window entries row i sees: the set bits of its mask row (causal: i + 1).
 __device__ __forceinline__ int32_t VisibleWindow(const TreeAttentionRequest& rq,
@@ -155,8 +157,14 @@ __device__ __forceinline__ float DotPartGlobal(const float* __restrict__ qr,
   return acc;
 }
 
+// 16-bit head rows of 128: at most 128 registers, so that 4 blocks (16 warps) fit an SM and
+// keep enough K/V loads in flight (left alone, the compiler takes ~145 for 3 blocks).
+template <typename T, int kDMax>
+constexpr int kMinBlocks = sizeof(T) == 2 && kDMax == 128 ? 4 : 1;
+
 template <typename T, typename OutT, int kDMax>
-__global__ void __launch_bounds__(kThreads) TreeAttentionKernel(const TreeAttentionParams p) {
+__global__ void __launch_bounds__(kThreads, (kMinBlocks<T, kDMax>))
+    TreeAttentionKernel(const TreeAttentionParams p) {
   using L = Layout<T, kDMax>;
   constexpr int kVec = L::kVec;
   constexpr int kDPerLane = L::kDPerLane;
@@ -318,32 +326,53 @@ __global__ void __launch_bounds__(kThreads) TreeAttentionKernel(const TreeAttent
       }
 
       // Scores: thread (key, part) keeps its part of the key's row in registers and runs it
-      // against every row that sees this tile; the 4 parts of a key are adjacent lanes.
+      // against every row that sees this tile; the 4 parts of a key are adjacent lanes. Rows go
+      // kScoreRows at a time: their fma chains are independent, so they interleave instead of
+      // each waiting out one chain's latency (each row's own chain and order are unchanged).
       {
         const int key = threadIdx.x / kParts, part = threadIdx.x % kParts;
         float kf[L::kChunksPerPart][kVec];
 #pragma unroll
         for (int i = 0; i < L::kChunksPerPart; ++i)
           LoadFloats<T, kVec>(k_s + key * L::kKStride + (part + kParts * i) * kVec, kf[i]);
-        for (int r = 0; r < rows; ++r) {
-          if (end_s[r] <= k0) continue;  // block-uniform
-          const float* qr = q_s + r * kDMax;
-          float sc = 0.0f;
+        for (int r0 = 0; r0 < rows; r0 += kScoreRows) {
+          // Block-uniform. Rows past `rows` have zero queries and end 0; a row that does not
+          // see the tile gets a score nobody reads (its softmax and output skip the tile).
+          bool any = false;
+#pragma unroll
+          for (int u = 0; u < kScoreRows; ++u) any |= end_s[r0 + u] > k0;
+          if (!any) continue;
+          float sc[kScoreRows];
+#pragma unroll
+          for (int u = 0; u < kScoreRows; ++u) sc[u] = 0.0f;
 #pragma unroll
           for (int i = 0; i < L::kChunksPerPart; ++i) {
             const int d0 = (part + kParts * i) * kVec;
 #pragma unroll
             for (int e4 = 0; e4 < kVec; e4 += 4) {
-              const float4 q4 = *reinterpret_cast<const float4*>(qr + d0 + e4);
-              sc = __fmaf_rn(q4.x, kf[i][e4], sc);
-              sc = __fmaf_rn(q4.y, kf[i][e4 + 1], sc);
-              sc = __fmaf_rn(q4.z, kf[i][e4 + 2], sc);
-              sc = __fmaf_rn(q4.w, kf[i][e4 + 3], sc);
+              float4 q4[kScoreRows];
+#pragma unroll
+              for (int u = 0; u < kScoreRows; ++u)
+                q4[u] = *reinterpret_cast<const float4*>(q_s + (r0 + u) * kDMax + d0 + e4);
+#pragma unroll
+              for (int u = 0; u < kScoreRows; ++u) {
+                sc[u] = __fmaf_rn(q4[u].x, kf[i][e4], sc[u]);
+                sc[u] = __fmaf_rn(q4[u].y, kf[i][e4 + 1], sc[u]);
+                sc[u] = __fmaf_rn(q4[u].z, kf[i][e4 + 2], sc[u]);
+                sc[u] = __fmaf_rn(q4[u].w, kf[i][e4 + 3], sc[u]);
+              }
             }
           }
-          sc = __fadd_rn(sc, __shfl_xor_sync(kFull, sc, 1));  // p0 + p1, p2 + p3
-          sc = __fadd_rn(sc, __shfl_xor_sync(kFull, sc, 2));  // (p0 + p1) + (p2 + p3)
-          if (part == 0) s_s[r * kTile + key] = sc;
+#pragma unroll
+          for (int u = 0; u < kScoreRows; ++u)  // p0 + p1, p2 + p3
+            sc[u] = __fadd_rn(sc[u], __shfl_xor_sync(kFull, sc[u], 1));
+#pragma unroll
+          for (int u = 0; u < kScoreRows; ++u)  // (p0 + p1) + (p2 + p3)
+            sc[u] = __fadd_rn(sc[u], __shfl_xor_sync(kFull, sc[u], 2));
+          if (part == 0) {
+#pragma unroll
+            for (int u = 0; u < kScoreRows; ++u) s_s[(r0 + u) * kTile + key] = sc[u];
+          }
         }
       }
       __syncthreads();
