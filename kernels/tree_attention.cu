@@ -14,10 +14,13 @@ constexpr int kRows = kTreeAttnRowsPerBlock;  // 16 rows per block; row r belong
 constexpr int kRowsPerWarp = kRows / kWarps;  // 4
 constexpr int kTile = kTreeAttnTileKv;        // 32: one key per lane in the softmax
 constexpr int kParts = 4;                     // partial sums of one q . k dot product
+constexpr int kScoreRows = 2;                 // rows whose scores a thread computes together
 constexpr unsigned kFull = 0xffffffffu;
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kTile == 32 && kThreads == kTile * kParts, "scores: one thread per (key, part)");
 static_assert(kTile % 8 == 0, "window tiles: V rows loaded 8 keys at a time");
+static_assert(kRows % kScoreRows == 0, "score row groups stay inside the block's rows");
+static_assert(kRowsPerWarp % 2 == 0, "softmax: row pairs");
 
 // Window entries row i sees: the set bits of its mask row (causal: i + 1).
 __device__ __forceinline__ int32_t VisibleWindow(const TreeAttentionRequest& rq,
@@ -127,6 +130,40 @@ __device__ __forceinline__ float RowTileSoftmax(float s, bool visible, float& m,
   return pk;
 }
 
+// RowTileSoftmax for two rows of the warp at once (s: the lane's score in, its p out; a row
+// that does not reach into the tile, active false, keeps its state): the same operations per
+// row in the same order, the two rows' butterflies interleaved so that their shuffles are in
+// flight together rather than one row's after the other's.
+__device__ __forceinline__ void PairTileSoftmax(float& s0, float& s1, bool vis0, bool vis1,
+                                                bool act0, bool act1, float& m0, float& m1,
+                                                float& l0, float& l1, float& corr0, float& corr1) {
+  float t0 = vis0 ? s0 : -INFINITY, t1 = vis1 ? s1 : -INFINITY;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    t0 = fmaxf(t0, __shfl_xor_sync(kFull, t0, o));
+    t1 = fmaxf(t1, __shfl_xor_sync(kFull, t1, o));
+  }
+  const float n0 = fmaxf(m0, t0), n1 = fmaxf(m1, t1);  // finite for an active row
+  corr0 = !act0 ? 1.0f : m0 == -INFINITY ? 0.0f : exp2f(m0 - n0);
+  corr1 = !act1 ? 1.0f : m1 == -INFINITY ? 0.0f : exp2f(m1 - n1);
+  s0 = vis0 ? exp2f(s0 - n0) : 0.0f;
+  s1 = vis1 ? exp2f(s1 - n1) : 0.0f;
+  float u0 = s0, u1 = s1;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    u0 = __fadd_rn(u0, __shfl_xor_sync(kFull, u0, o));
+    u1 = __fadd_rn(u1, __shfl_xor_sync(kFull, u1, o));
+  }
+  if (act0) {
+    l0 = __fmaf_rn(l0, corr0, u0);
+    m0 = n0;
+  }
+  if (act1) {
+    l1 = __fmaf_rn(l1, corr1, u1);
+    m1 = n1;
+  }
+}
+
 // Dot-product order (the same for every row and key, whichever phase computes it): part j sums
 // its chunks j, j + 4, ... element by element with fma from 0; then (p0 + p1) + (p2 + p3).
 // Elements past head_dim count as zero (fma(0, 0, x) == x: a part is never -0).
@@ -155,8 +192,22 @@ __device__ __forceinline__ float DotPartGlobal(const float* __restrict__ qr,
   return acc;
 }
 
+// Blocks per SM the register budget must allow (left alone, the compiler takes registers up to
+// the next occupancy step down: 16-bit x 128 ~145 for 3 blocks): enough warps, and so K/V loads
+// in flight, for the memory-bound shapes; 16-bit x 128 gets 128 registers for 4 blocks.
+template <typename T, int kDMax>
+constexpr int MinBlocks() {
+  if constexpr (sizeof(T) == 2) return kDMax <= 64 ? 5 : kDMax <= 128 ? 4 : 1;
+  return kDMax <= 32 ? 6 : kDMax <= 64 ? 4 : 1;
+}
+// Row pairs in the softmax (PairTileSoftmax) except for float32 x 256, whose registers are
+// already short (it spills more with them).
+template <typename T, int kDMax>
+constexpr bool kPairSoftmax = !(sizeof(T) == 4 && kDMax > 128);
+
 template <typename T, typename OutT, int kDMax>
-__global__ void __launch_bounds__(kThreads) TreeAttentionKernel(const TreeAttentionParams p) {
+__global__ void __launch_bounds__(kThreads, (MinBlocks<T, kDMax>()))
+    TreeAttentionKernel(const TreeAttentionParams p) {
   using L = Layout<T, kDMax>;
   constexpr int kVec = L::kVec;
   constexpr int kDPerLane = L::kDPerLane;
@@ -318,32 +369,53 @@ __global__ void __launch_bounds__(kThreads) TreeAttentionKernel(const TreeAttent
       }
 
       // Scores: thread (key, part) keeps its part of the key's row in registers and runs it
-      // against every row that sees this tile; the 4 parts of a key are adjacent lanes.
+      // against every row that sees this tile; the 4 parts of a key are adjacent lanes. Rows go
+      // kScoreRows at a time: their fma chains are independent, so they interleave instead of
+      // each waiting out one chain's latency (each row's own chain and order are unchanged).
       {
         const int key = threadIdx.x / kParts, part = threadIdx.x % kParts;
         float kf[L::kChunksPerPart][kVec];
 #pragma unroll
         for (int i = 0; i < L::kChunksPerPart; ++i)
           LoadFloats<T, kVec>(k_s + key * L::kKStride + (part + kParts * i) * kVec, kf[i]);
-        for (int r = 0; r < rows; ++r) {
-          if (end_s[r] <= k0) continue;  // block-uniform
-          const float* qr = q_s + r * kDMax;
-          float sc = 0.0f;
+        for (int r0 = 0; r0 < rows; r0 += kScoreRows) {
+          // Block-uniform. Rows past `rows` have zero queries and end 0; a row that does not
+          // see the tile gets a score nobody reads (its softmax and output skip the tile).
+          bool any = false;
+#pragma unroll
+          for (int u = 0; u < kScoreRows; ++u) any |= end_s[r0 + u] > k0;
+          if (!any) continue;
+          float sc[kScoreRows];
+#pragma unroll
+          for (int u = 0; u < kScoreRows; ++u) sc[u] = 0.0f;
 #pragma unroll
           for (int i = 0; i < L::kChunksPerPart; ++i) {
             const int d0 = (part + kParts * i) * kVec;
 #pragma unroll
             for (int e4 = 0; e4 < kVec; e4 += 4) {
-              const float4 q4 = *reinterpret_cast<const float4*>(qr + d0 + e4);
-              sc = __fmaf_rn(q4.x, kf[i][e4], sc);
-              sc = __fmaf_rn(q4.y, kf[i][e4 + 1], sc);
-              sc = __fmaf_rn(q4.z, kf[i][e4 + 2], sc);
-              sc = __fmaf_rn(q4.w, kf[i][e4 + 3], sc);
+              float4 q4[kScoreRows];
+#pragma unroll
+              for (int u = 0; u < kScoreRows; ++u)
+                q4[u] = *reinterpret_cast<const float4*>(q_s + (r0 + u) * kDMax + d0 + e4);
+#pragma unroll
+              for (int u = 0; u < kScoreRows; ++u) {
+                sc[u] = __fmaf_rn(q4[u].x, kf[i][e4], sc[u]);
+                sc[u] = __fmaf_rn(q4[u].y, kf[i][e4 + 1], sc[u]);
+                sc[u] = __fmaf_rn(q4[u].z, kf[i][e4 + 2], sc[u]);
+                sc[u] = __fmaf_rn(q4[u].w, kf[i][e4 + 3], sc[u]);
+              }
             }
           }
-          sc = __fadd_rn(sc, __shfl_xor_sync(kFull, sc, 1));  // p0 + p1, p2 + p3
-          sc = __fadd_rn(sc, __shfl_xor_sync(kFull, sc, 2));  // (p0 + p1) + (p2 + p3)
-          if (part == 0) s_s[r * kTile + key] = sc;
+#pragma unroll
+          for (int u = 0; u < kScoreRows; ++u)  // p0 + p1, p2 + p3
+            sc[u] = __fadd_rn(sc[u], __shfl_xor_sync(kFull, sc[u], 1));
+#pragma unroll
+          for (int u = 0; u < kScoreRows; ++u)  // (p0 + p1) + (p2 + p3)
+            sc[u] = __fadd_rn(sc[u], __shfl_xor_sync(kFull, sc[u], 2));
+          if (part == 0) {
+#pragma unroll
+            for (int u = 0; u < kScoreRows; ++u) s_s[(r0 + u) * kTile + key] = sc[u];
+          }
         }
       }
       __syncthreads();
@@ -351,15 +423,35 @@ __global__ void __launch_bounds__(kThreads) TreeAttentionKernel(const TreeAttent
       // Softmax of each row of the warp (p replaces the score), then its output update.
       float corr[kRowsPerWarp];
       int32_t nk_max = 0;  // keys any of the warp's rows sees in this tile
+      // Rows two at a time, their butterflies interleaved (see PairTileSoftmax), or one by one.
+      if constexpr (!kPairSoftmax<T, kDMax>) {
 #pragma unroll
-      for (int j = 0; j < kRowsPerWarp; ++j) {
-        corr[j] = 1.0f;
-        if (end_s[warp + kWarps * j] <= k0) continue;  // warp-uniform
-        const int r = warp + kWarps * j;
-        const bool visible = k0 + lane < end_s[warp + kWarps * j];
-        const float pk = RowTileSoftmax(s_s[r * kTile + lane], visible, m[j], l[j], corr[j]);
-        s_s[r * kTile + lane] = pk;
-        nk_max = max(nk_max, min(kTile, end_s[warp + kWarps * j] - k0));
+        for (int j = 0; j < kRowsPerWarp; ++j) {
+          corr[j] = 1.0f;
+          if (end_s[warp + kWarps * j] <= k0) continue;  // warp-uniform
+          const int r = warp + kWarps * j;
+          const bool visible = k0 + lane < end_s[warp + kWarps * j];
+          const float pk = RowTileSoftmax(s_s[r * kTile + lane], visible, m[j], l[j], corr[j]);
+          s_s[r * kTile + lane] = pk;
+          nk_max = max(nk_max, min(kTile, end_s[warp + kWarps * j] - k0));
+        }
+      } else {
+#pragma unroll
+        for (int j0 = 0; j0 < kRowsPerWarp; j0 += 2) {
+          const int32_t e0 = end_s[warp + kWarps * j0], e1 = end_s[warp + kWarps * (j0 + 1)];
+          corr[j0] = corr[j0 + 1] = 1.0f;
+          if (e0 <= k0 && e1 <= k0) continue;  // warp-uniform
+          nk_max = max(nk_max, min(kTile, max(e0, e1) - k0));
+          float* const s0 = s_s + (warp + kWarps * j0) * kTile + lane;
+          float* const s1 = s_s + (warp + kWarps * (j0 + 1)) * kTile + lane;
+          const bool vis0 = k0 + lane < e0, vis1 = k0 + lane < e1;
+          const bool act0 = e0 > k0, act1 = e1 > k0;
+          float p0 = *s0, p1 = *s1;
+          PairTileSoftmax(p0, p1, vis0, vis1, act0, act1, m[j0], m[j0 + 1], l[j0], l[j0 + 1],
+                          corr[j0], corr[j0 + 1]);
+          *s0 = p0;
+          *s1 = p1;
+        }
       }
       __syncwarp();
 #pragma unroll
