@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "device_types.cuh"
 #include "kv_cache.cuh"
 #include "launch.cuh"
@@ -6,6 +8,7 @@ namespace specinfer::kernels {
 namespace {
 
 constexpr int kThreads = 128;
+constexpr int32_t kMaxBlocksPerToken = 32;
 
 template <typename T>
 __global__ void KvAppendKernel(const float* __restrict__ k, const float* __restrict__ v,
@@ -13,7 +16,8 @@ __global__ void KvAppendKernel(const float* __restrict__ k, const float* __restr
                                T* v_cache) {
   const int64_t t = blockIdx.x;
   const int64_t slot = slots[t];
-  for (int32_t i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+  for (int32_t i = blockIdx.y * blockDim.x + threadIdx.x; i < kv_dim;
+       i += blockDim.x * gridDim.y) {
     k_cache[slot * kv_dim + i] = FromFloat<T>(k[t * kv_dim + i]);
     v_cache[slot * kv_dim + i] = FromFloat<T>(v[t * kv_dim + i]);
   }
@@ -39,7 +43,10 @@ template <typename T>
 cudaError_t LaunchKvAppend(const float* k, const float* v, const int64_t* slots, int32_t n,
                            int32_t kv_dim, T* k_cache, T* v_cache, cudaStream_t stream) {
   if (n <= 0 || kv_dim <= 0) return cudaErrorInvalidValue;
-  SPECINFER_LAUNCH(n, kThreads, 0, stream, KvAppendKernel<T>)
+  // A token's row spread over several blocks (element-wise copies: no bit changes), so a decode
+  // step's single token does not run on one SM.
+  const dim3 grid(n, std::min<int32_t>(kMaxBlocksPerToken, (kv_dim + kThreads - 1) / kThreads));
+  SPECINFER_LAUNCH(grid, kThreads, 0, stream, KvAppendKernel<T>)
   (k, v, slots, kv_dim, k_cache, v_cache);
   return cudaGetLastError();
 }

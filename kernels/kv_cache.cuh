@@ -10,7 +10,8 @@
 //   every layer (layer_stride elements between layers). The moves run in parallel, so the
 //   caller must order them itself where one move reads what another writes (the host glue
 //   launches one move at a time in that case); exact.
-// Launch: KvAppend one block of 128 threads per token; KvMove grid (count, layers).
+// Launch: KvAppend grid (tokens, up to 32) of 128 threads, a token's row spread over its blocks;
+// KvMove grid (count, layers).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "launch.cuh"
 #include "rope.cuh"
 
@@ -5,6 +7,7 @@ namespace specinfer::kernels {
 namespace {
 
 constexpr int kThreads = 128;
+constexpr int32_t kMaxBlocksPerToken = 32;
 
 __global__ void RopeKernel(float* q, int32_t q_heads, float* k, int32_t k_heads, int32_t head_dim,
                            const int32_t* __restrict__ positions,
@@ -14,7 +17,8 @@ __global__ void RopeKernel(float* q, int32_t q_heads, float* k, int32_t k_heads,
   const int32_t half = head_dim / 2;
   const int32_t pos = positions[t];
   const int32_t heads = q_heads + (k ? k_heads : 0);
-  for (int32_t idx = threadIdx.x; idx < heads * half; idx += blockDim.x) {
+  for (int32_t idx = blockIdx.y * blockDim.x + threadIdx.x; idx < heads * half;
+       idx += blockDim.x * gridDim.y) {
     const int32_t h = idx / half, i = idx % half;
     float* v = h < q_heads ? q + (t * q_heads + h) * head_dim
                            : k + (t * k_heads + (h - q_heads)) * head_dim;
@@ -43,7 +47,11 @@ cudaError_t LaunchRope(float* q, int32_t q_heads, float* k, int32_t k_heads, int
                        const float* sin_table, int32_t max_pos, const float* inv_freq,
                        RopeMode mode, cudaStream_t stream) {
   if (n <= 0 || head_dim <= 0 || head_dim % 2 != 0 || q_heads <= 0) return cudaErrorInvalidValue;
-  SPECINFER_LAUNCH(n, kThreads, 0, stream, RopeKernel)
+  // Each element is computed on its own, so spreading a token over several blocks changes no bit;
+  // a decode step's single token no longer runs on one SM.
+  const int32_t work = (q_heads + (k ? k_heads : 0)) * (head_dim / 2);
+  const dim3 grid(n, std::min<int32_t>(kMaxBlocksPerToken, (work + kThreads - 1) / kThreads));
+  SPECINFER_LAUNCH(grid, kThreads, 0, stream, RopeKernel)
   (q, q_heads, k, k_heads, head_dim, positions, cos_table, sin_table, max_pos, inv_freq, mode);
   return cudaGetLastError();
 }

@@ -9,7 +9,8 @@
 // freq factors) are applied on the host when the tables are built.
 // Layout: q [n, q_heads, head_dim], k [n, k_heads, head_dim] float32 (k may be null);
 // positions [n]; cos_table, sin_table [max_pos, head_dim / 2]; inv_freq [head_dim / 2].
-// Launch: one block of 128 threads per token, threads over (head, pair).
+// Launch: grid (tokens, up to 32) of 128 threads; a token's (head, pair) elements spread over its
+// blocks.
 #pragma once
 
 #include <cuda_runtime.h>
