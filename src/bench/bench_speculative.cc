@@ -4,7 +4,8 @@
 //                     [--tokens 128] [--runs 3]
 //
 // Part 1: the cost of one LLM pass over a token tree of n nodes, relative to a single-token
-// decode pass (on a CPU it grows with n; what a tree may cost to pay off).
+// decode pass (on a CPU it grows with n; what a tree may cost to pay off), and the weight
+// multiply-adds per second it reaches beside the measured int8 peak of the cores.
 // Part 2: for each workload (chat prompts: editing a text, summarising it, open-ended writing)
 // and each speculation setting, greedy generation of --tokens tokens: median decode tokens per
 // second over --runs runs, generated tokens per LLM pass, and the speed-up over incremental
@@ -17,6 +18,8 @@
 #include <numeric>
 #include <vector>
 
+#include "backend/cpu/simd.h"
+#include "backend/cpu/tiled_matrix.h"
 #include "engine/engine.h"
 
 namespace {
@@ -117,12 +120,31 @@ int main(int argc, char** argv) {
               model_path.c_str(), layers, dequantize ? ", weights as float32" : "", threads,
               tokens, runs);
 
+  // Weight multiply-adds per token (every layer's projections and the output layer; attention,
+  // which depends on the context, not counted), against the integer peak of the cores.
+  const ModelConfig& mc = engine.model().config();
+  const double kv_dim = static_cast<double>(mc.n_kv_heads) * mc.head_dim;
+  const double macs_per_token =
+      static_cast<double>(mc.n_layers) *
+          (2.0 * mc.dim * mc.q_dim() + 2.0 * mc.dim * kv_dim + 3.0 * mc.dim * mc.hidden_dim) +
+      static_cast<double>(mc.vocab_size) * mc.dim;
+  const cpu::KernelIsa isa = cpu::GetCpuFeatures().use_avx512_kernels ? cpu::KernelIsa::kAvx512
+                                                                      : cpu::KernelIsa::kAvx2;
+  const cpu::PeakMacs peak = cpu::MeasurePeakInt8Macs(isa, 0.3);
   std::printf("LLM pass over a tree of n tokens (after 256 tokens of context)\n");
-  std::printf("%6s %12s %14s %16s\n", "n", "ms/pass", "x one token", "ms per token");
+  std::printf("%6s %12s %14s %16s %14s\n", "n", "ms/pass", "x one token", "ms per token",
+              "weight GMAC/s");
   const double one = PassSeconds(engine, 1, 256, 10);
   for (int32_t n : sizes) {
     const double s = n == 1 ? one : PassSeconds(engine, n, 256, 10);
-    std::printf("%6d %12.2f %14.2f %16.2f\n", n, s * 1e3, s / one, s * 1e3 / n);
+    std::printf("%6d %12.2f %14.2f %16.2f %14.1f\n", n, s * 1e3, s / one, s * 1e3 / n,
+                n * macs_per_token / s * 1e-9);
+  }
+  if (peak.per_second > 0) {
+    std::printf("weight multiply-adds per token: %.1f M; int8 peak (%s, measured on one core): "
+                "%.1f GMAC/s per core, %.1f GMAC/s on %d threads\n",
+                macs_per_token * 1e-6, peak.instruction, peak.per_second * 1e-9,
+                peak.per_second * threads * 1e-9, threads);
   }
   if (passes_only) return 0;
 

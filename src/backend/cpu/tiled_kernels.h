@@ -30,11 +30,15 @@ namespace tiled_scalar {
 SPECINFER_TILE_KERNELS
 }
 #if defined(SPECINFER_HAVE_X86_KERNELS)
+// PeakLoop(iters): a dependency-free loop of the set's integer dot instruction; returns the
+// multiply-adds done (for MeasurePeakInt8Macs).
 namespace tiled_avx2 {
 SPECINFER_TILE_KERNELS
+int64_t PeakLoop(int64_t iters);
 }
 namespace tiled_avx512 {
 SPECINFER_TILE_KERNELS
+int64_t PeakLoop(int64_t iters);
 }
 #endif
 

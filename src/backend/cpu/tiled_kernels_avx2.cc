@@ -180,3 +180,25 @@ SI_AVX2 void DotQ8_0(int64_t n, const uint8_t* w, const void* x, int64_t x_strid
 }  // namespace specinfer::cpu::tiled_avx2
 
 #endif  // SPECINFER_HAVE_X86_KERNELS
+
+#if defined(SPECINFER_HAVE_X86_KERNELS)
+namespace specinfer::cpu::tiled_avx2 {
+
+// 12 independent vpmaddubsw (32 int8 multiply-adds each), `iters` rounds: 384 per round.
+SI_AVX2 int64_t PeakLoop(int64_t iters) {
+  __m256i acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_epi16(static_cast<int16_t>(i));
+  __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(5);
+  for (int64_t r = 0; r < iters; ++r) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_maddubs_epi16(a, _mm256_xor_si256(b, acc[i]));
+    asm volatile("" : "+x"(a), "+x"(b));
+  }
+  __m256i s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm256_add_epi16(s, acc[i]);
+  asm volatile("" : : "x"(s));  // the sums are live: the loop is not dropped
+  return iters * 384;
+}
+
+}  // namespace specinfer::cpu::tiled_avx2
+#endif

@@ -185,3 +185,26 @@ SI_512 void DotQ8_0(int64_t n, const uint8_t* w, const void* x, int64_t x_stride
 }  // namespace specinfer::cpu::tiled_avx512
 
 #endif  // SPECINFER_HAVE_X86_KERNELS
+
+#if defined(SPECINFER_HAVE_X86_KERNELS)
+namespace specinfer::cpu::tiled_avx512 {
+
+// 12 independent vpdpbusd chains (more than latency x throughput), `iters` rounds: 768 int8
+// multiply-adds per round.
+SI_512 int64_t PeakLoop(int64_t iters) {
+  __m512i acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_epi32(i);
+  __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(5);
+  for (int64_t r = 0; r < iters; ++r) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+    asm volatile("" : "+v"(a), "+v"(b));
+  }
+  __m512i s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_epi32(s, acc[i]);
+  asm volatile("" : : "v"(s));  // the sums are live: the loop is not dropped
+  return iters * 768;
+}
+
+}  // namespace specinfer::cpu::tiled_avx512
+#endif

@@ -2,6 +2,8 @@
 // of kernel set for the tile kernels (tiled_matrix.h).
 #include "backend/cpu/tiled_matrix.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -164,6 +166,33 @@ const TileOps* TileOpsFor(DType t) {
                                : GetCpuFeatures().use_avx2_kernels  ? KernelIsa::kAvx2
                                                                     : KernelIsa::kScalar;
   return TileOpsForIsa(t, isa);
+}
+
+PeakMacs MeasurePeakInt8Macs(KernelIsa isa, double seconds) {
+  PeakMacs p;
+#if defined(SPECINFER_HAVE_X86_KERNELS)
+  int64_t (*loop)(int64_t) = nullptr;
+  if (isa == KernelIsa::kAvx512 && GetCpuFeatures().use_avx512_kernels) {
+    loop = tiled_avx512::PeakLoop;
+    p.instruction = "vpdpbusd zmm";
+  } else if (isa == KernelIsa::kAvx2 && GetCpuFeatures().use_avx2_kernels) {
+    loop = tiled_avx2::PeakLoop;
+    p.instruction = "vpmaddubsw ymm";
+  }
+  if (loop == nullptr) return p;
+  // Fastest of short runs: the least disturbed by other work on the machine.
+  using Clock = std::chrono::steady_clock;
+  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  volatile int64_t sink = 0;
+  do {
+    const auto t0 = Clock::now();
+    const int64_t macs = loop(int64_t{1} << 16);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    sink = sink + macs;
+    p.per_second = std::max(p.per_second, static_cast<double>(macs) / s);
+  } while (Clock::now() < end);
+#endif
+  return p;
 }
 
 float ReferenceDot(DType t, int64_t n, const void* w_row, const void* x) {

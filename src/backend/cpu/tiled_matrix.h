@@ -102,6 +102,16 @@ struct TileOps {
 const TileOps* TileOpsForIsa(DType t, KernelIsa isa);
 const TileOps* TileOpsFor(DType t);
 
+// The int8 multiply-adds per second one core reaches with kernel set `isa`'s integer dot
+// instruction (AVX-512: vpdpbusd zmm, 64 per instruction; AVX2: vpmaddubsw ymm, 32), measured
+// with a dependency-free loop for about `seconds`: the peak the kernels are compared with. Zero
+// for the scalar set or a set this CPU cannot run.
+struct PeakMacs {
+  double per_second = 0;
+  const char* instruction = "";
+};
+PeakMacs MeasurePeakInt8Macs(KernelIsa isa, double seconds);
+
 // The summation order above, plainly, for row `w_row` of a matrix of type t in its GGUF layout
 // against activations as vec_dot_type of t (Q8_1 for Q4_1, Q8_0 for Q4_0/Q8_0, F32 for floats).
 float ReferenceDot(DType t, int64_t n, const void* w_row, const void* x);
