@@ -27,7 +27,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("input")
     ap.add_argument("output")
-    ap.add_argument("--type", default="Q8_0", help="target block type: " + ", ".join(sorted(BLOCK_TYPES)))
+    ap.add_argument("--type", default="Q8_0",
+                    help="target block type: " + ", ".join(sorted(BLOCK_TYPES)))
     args = ap.parse_args()
     if args.type not in BLOCK_TYPES:
         print(f"requantize_gguf: unsupported --type {args.type}", file=sys.stderr)
@@ -61,7 +62,8 @@ def main() -> int:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    print(f"requantize_gguf: {converted} tensors -> {args.type}, {len(reader.tensors)} in all: {args.output}")
+    print(f"requantize_gguf: {converted} tensors -> {args.type}, "
+          f"{len(reader.tensors)} in all: {args.output}")
     return 0
 
 

@@ -85,7 +85,8 @@ int main(int argc, char** argv) {
       return 2;
     }
     const std::vector<uint8_t> bytes = RandomMatrix(t, rows, cols, rng);
-    StatusOr<cpu::TiledMatrix> m = cpu::TiledMatrix::Tile(WeightMatrix{t, rows, cols, bytes.data()});
+    StatusOr<cpu::TiledMatrix> m =
+        cpu::TiledMatrix::Tile(WeightMatrix{t, rows, cols, bytes.data()});
     if (!m.ok()) {
       std::fprintf(stderr, "bench_tiles: %s\n", m.status().ToString().c_str());
       return 1;

@@ -55,7 +55,8 @@ SI_AVX2_INLINE void NibbleHalf(int64_t nb, const uint8_t* w, int h, const TileAc
     __m256i s16[T];
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {
-      const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + kQ + 64 * k + 32 * h));
+      const __m256i p =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + kQ + 64 * k + 32 * h));
       const __m256i lo = _mm256_and_si256(p, mask);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), mask);
 #pragma GCC unroll 4

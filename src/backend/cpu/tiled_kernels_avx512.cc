@@ -34,6 +34,19 @@ SI_512_INLINE __m512i Bcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
+// The weights stream from memory once per product: ask for the block kAhead blocks on (into
+// L1) while this one computes, past the end of the group too (groups are contiguous). Only for
+// several tokens: a single token's kernel is bound by the memory stream itself, which the
+// hardware prefetchers serve better alone (measured: 8 and 32 tokens 17-23% faster on weights
+// from memory, 1 token 24% slower with it).
+template <size_t kBlockBytes>
+SI_512_INLINE void Prefetch(const uint8_t* w) {
+  constexpr size_t kAhead = 4 * kBlockBytes;
+#pragma GCC unroll 9
+  for (size_t off = 0; off < kBlockBytes; off += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(w + kAhead + off), _MM_HINT_T0);
+}
+
 // Q4_1 / Q4_0 tiles: kMin adds the m * s term, kBias starts each block's sum at TileAct::bias
 // (Q4_0's -8 * sum q). With one or two tokens the 8 vpdpbusd of a block are split over two
 // integer sums (added exactly at the end) so their latency chain is halved.
@@ -47,6 +60,7 @@ SI_512_INLINE void NibbleTile(int64_t nb, const uint8_t* w, const TileAct* x, in
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b, w += kBlockBytes) {
+    if constexpr (T > 1) Prefetch<kBlockBytes>(w);
     __m512i s0[T], s1[T];
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
@@ -96,6 +110,7 @@ SI_512_INLINE void ByteTile(int64_t nb, const uint8_t* w, const TileAct* x, int6
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b, w += kTileQ8_0Bytes) {
+    if constexpr (T > 1) Prefetch<kTileQ8_0Bytes>(w);
     __m512i s0[T], s1[T];
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {

@@ -9,17 +9,19 @@
 // block scales. The unpacked weights of a block stay in registers for up to kMaxTileTokens
 // tokens, each token's activations (a few KiB) stay in L1 for all 16 rows.
 //
+// Types with tiles: Q4_1, Q4_0, Q8_0 (Supports()); other types keep the per-row TypeOps kernels.
+//
 // THE SUMMATION ORDER (bit-identical on every kernel set, scalar included, so a token's logits
 // do not depend on the batch, on the tile it falls in, on the tensor-parallel split or on the
 // machine's instruction set). For weight row r and token t, over the blocks b in order:
 //   acc = 0
 //   acc = fma(float(I_b), dw_b * dx_b, acc)   I_b: the exact integer sum of quant products
-//   acc = acc + mw_b * sx_b                    Q4_1/Q5_1 only (mw, sx fp16: the product is exact,
-//                                              so fma and multiply-then-add agree)
+//   acc = acc + mw_b * sx_b                    Q4_1 only (mw, sx fp16: the product is exact, so
+//                                              fma and multiply-then-add agree)
 // dw, mw: the weight block's fp16 scale and minimum; dx, sx: the activation block's Q8_1 scale
 // and fp16(d * sum q) (the same d and quants as Q8_0's). dw * dx is exact in float32 (fp16 x fp16).
-// The float types (F32, F16, BF16) use acc = fma(w_c, x_c, acc) over the columns c in order.
-// ReferenceDot below is that definition, written plainly.
+// ReferenceDot below is that definition, written plainly. (This order differs from the per-row
+// TypeOps::vec_dot kernels', which matrices without tiles still use.)
 //
 // Layout of a tile (one group of kTileRows rows; the last group padded with zero rows), blocks
 // of 32 columns one after another, each block:
@@ -30,8 +32,6 @@
 //   Q8_0: d[16], then 8 x 64 bytes: chunk k holds row j's quants 4k..4k+3 plus 128 as unsigned
 //         bytes (vpdpbusd multiplies unsigned by signed; the activation side's -128 * sum(q)
 //         is the kernel's starting value, TileAct::bias)                         544 bytes
-//   F32, F16, BF16: no blocks: column c's 16 values (one per row) at c * 16, in the stored
-//         element type                                                 16 x element size per column
 //
 // Thread safety: TiledMatrix is immutable after Tile(); the kernels are pure functions.
 #pragma once
@@ -88,11 +88,11 @@ class TiledMatrix {
 
 // The kernels of one weight type for one kernel set.
 struct TileOps {
-  // Converts n float activations (n a multiple of 32) to n / 32 TileAct (quantised types).
+  // Converts n float activations (n a multiple of 32) to n / 32 TileAct.
   void (*prep)(const float* x, int64_t n, TileAct* out) = nullptr;
   // y[t * y_stride + j] = row j of the tile group `w` dotted with token t (t < count <=
-  // kMaxTileTokens), for all kTileRows rows j. Quantised types: x + t * x_stride is token t's
-  // first TileAct; float types: x is float activations, x_stride in floats. n: columns.
+  // kMaxTileTokens), for all kTileRows rows j (padding rows included); x points to TileAct,
+  // token t's first at x + t * x_stride (in TileAct). n: columns.
   void (*dot)(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count, float* y,
               int64_t y_stride) = nullptr;
 };
