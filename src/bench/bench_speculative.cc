@@ -4,7 +4,8 @@
 //                     [--tokens 128] [--runs 3]
 //
 // Part 1: the cost of one LLM pass over a token tree of n nodes, relative to a single-token
-// decode pass (on a CPU it grows with n; what a tree may cost to pay off).
+// decode pass (on a CPU it grows with n; what a tree may cost to pay off), and the weight
+// multiply-adds per second it reaches beside the measured int8 peak of the cores.
 // Part 2: for each workload (chat prompts: editing a text, summarising it, open-ended writing)
 // and each speculation setting, greedy generation of --tokens tokens: median decode tokens per
 // second over --runs runs, generated tokens per LLM pass, and the speed-up over incremental
@@ -13,10 +14,13 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <numeric>
 #include <vector>
 
+#include "backend/cpu/simd.h"
+#include "backend/cpu/tiled_matrix.h"
 #include "engine/engine.h"
 
 namespace {
@@ -48,21 +52,35 @@ struct Setting {
   std::string tree;
 };
 
-// Median seconds of one LLM pass over a chain of `n` tokens after a `prefix`-token context.
-double PassSeconds(Engine& engine, int32_t n, int32_t prefix, int runs) {
+// CPU time of this process (all its threads), seconds.
+double ProcessCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+struct PassTime {
+  double wall = 0;  // median seconds per pass
+  double cpu = 0;   // median CPU seconds per pass, all threads (on a machine busy with other
+                    // work, wall time counts the time the threads wait for a core; CPU time
+                    // does not, and with one thread it is what the pass costs on an idle core)
+};
+
+// Median times of one LLM pass over a chain of `n` tokens after a `prefix`-token context.
+PassTime PassSeconds(Engine& engine, int32_t n, int32_t prefix, int runs) {
   ModelRunner& runner = engine.runner();
   KvCacheManager& kv = engine.kv();
   const int32_t vocab = engine.model().config().vocab_size;
-  std::vector<double> times;
+  std::vector<double> times, cpu_times;
   std::vector<float> logits(static_cast<size_t>(n) * vocab);
   const SeqId seq = kv.AddSequence();
   std::vector<int32_t> toks(static_cast<size_t>(prefix), 1), pos(static_cast<size_t>(prefix));
   std::iota(pos.begin(), pos.end(), 0);
-  if (!kv.Reserve(seq, prefix + n).ok()) return 0;
+  if (!kv.Reserve(seq, prefix + n).ok()) return {};
   ForwardBatch pre;
   pre.AddSequence(seq, toks, pos, 0, nullptr);
   pre.batch_invariant = false;
-  if (!runner.Forward(pre, kv, logits).ok()) return 0;
+  if (!runner.Forward(pre, kv, logits).ok()) return {};
   std::vector<int32_t> parents(static_cast<size_t>(n));
   std::iota(parents.begin(), parents.end(), -1);
   const TreeMask mask = TreeMask::FromParents(parents);
@@ -73,13 +91,18 @@ double PassSeconds(Engine& engine, int32_t n, int32_t prefix, int runs) {
   batch.logit_rows.resize(static_cast<size_t>(n));
   std::iota(batch.logit_rows.begin(), batch.logit_rows.end(), 0);
   for (int r = 0; r < runs + 1; ++r) {
+    const double c0 = ProcessCpuSeconds();
     auto t0 = std::chrono::steady_clock::now();
-    if (!runner.Forward(batch, kv, logits).ok()) return 0;
+    if (!runner.Forward(batch, kv, logits).ok()) return {};
     auto t1 = std::chrono::steady_clock::now();
-    if (r > 0) times.push_back(std::chrono::duration<double>(t1 - t0).count());
+    const double c1 = ProcessCpuSeconds();
+    if (r > 0) {
+      times.push_back(std::chrono::duration<double>(t1 - t0).count());
+      cpu_times.push_back(c1 - c0);
+    }
   }
   kv.RemoveSequence(seq);
-  return Median(times);
+  return {Median(times), Median(cpu_times)};
 }
 
 }  // namespace
@@ -117,12 +140,32 @@ int main(int argc, char** argv) {
               model_path.c_str(), layers, dequantize ? ", weights as float32" : "", threads,
               tokens, runs);
 
+  // Weight multiply-adds per token (every layer's projections and the output layer; attention,
+  // which depends on the context, not counted), against the integer peak of the cores.
+  const ModelConfig& mc = engine.model().config();
+  const double kv_dim = static_cast<double>(mc.n_kv_heads) * mc.head_dim;
+  const double macs_per_token =
+      static_cast<double>(mc.n_layers) *
+          (2.0 * mc.dim * mc.q_dim() + 2.0 * mc.dim * kv_dim + 3.0 * mc.dim * mc.hidden_dim) +
+      static_cast<double>(mc.vocab_size) * mc.dim;
+  const cpu::KernelIsa isa = cpu::GetCpuFeatures().use_avx512_kernels ? cpu::KernelIsa::kAvx512
+                                                                      : cpu::KernelIsa::kAvx2;
+  const cpu::PeakMacs peak = cpu::MeasurePeakInt8Macs(isa, 0.3);
   std::printf("LLM pass over a tree of n tokens (after 256 tokens of context)\n");
-  std::printf("%6s %12s %14s %16s\n", "n", "ms/pass", "x one token", "ms per token");
-  const double one = PassSeconds(engine, 1, 256, 10);
+  std::printf("%6s %12s %14s %16s %14s %12s %14s\n", "n", "ms/pass", "x one token",
+              "ms per token", "weight GMAC/s", "cpu ms/pass", "cpu x one token");
+  const PassTime one = PassSeconds(engine, 1, 256, 10);
   for (int32_t n : sizes) {
-    const double s = n == 1 ? one : PassSeconds(engine, n, 256, 10);
-    std::printf("%6d %12.2f %14.2f %16.2f\n", n, s * 1e3, s / one, s * 1e3 / n);
+    const PassTime p = n == 1 ? one : PassSeconds(engine, n, 256, 10);
+    const double s = p.wall;
+    std::printf("%6d %12.2f %14.2f %16.2f %14.1f %12.2f %14.2f\n", n, s * 1e3, s / one.wall,
+                s * 1e3 / n, n * macs_per_token / s * 1e-9, p.cpu * 1e3, p.cpu / one.cpu);
+  }
+  if (peak.per_second > 0) {
+    std::printf("weight multiply-adds per token: %.1f M; int8 peak (%s, measured on one core): "
+                "%.1f GMAC/s per core, %.1f GMAC/s on %d threads\n",
+                macs_per_token * 1e-6, peak.instruction, peak.per_second * 1e-9,
+                peak.per_second * threads * 1e-9, threads);
   }
   if (passes_only) return 0;
 

@@ -20,18 +20,94 @@ void GetRow(const WeightMatrix& w, int64_t r, float* dst) {
   ops->to_float(w.row(r), dst, w.cols);
 }
 
-void MatMul(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool& pool,
+StatusOr<CpuMatrix> CpuMatrix::Prepare(const WeightMatrix& w) {
+  CpuMatrix m;
+  m.view = w;
+  if (TiledMatrix::Supports(w.type) && w.rows > 0 && w.cols % kQK == 0) {
+    SI_ASSIGN_OR_RETURN(TiledMatrix tiles, TiledMatrix::Tile(w));
+    m.tiles = std::make_shared<const TiledMatrix>(std::move(tiles));
+  }
+  return m;
+}
+
+void MatMul(const CpuMatrix& w, const float* x, int64_t n, float* y, ThreadPool& pool,
             std::vector<uint8_t>& scratch, bool batch_invariant) {
   const MatMulTarget target{&w, y};
   MatMulShared(std::span(&target, 1), x, n, pool, scratch, batch_invariant);
 }
 
+namespace {
+
+// The products of targets that all have tiles of one type and width: the activations are
+// converted once (TileOps::prep), then every tile group of every target is one work item that
+// runs the tile kernel over the tokens in slices of kMaxTileTokens while its weights stay in L1.
+void TiledProducts(std::span<const MatMulTarget> targets, const float* x, int64_t n,
+                   ThreadPool& pool, std::vector<uint8_t>& scratch) {
+  const TiledMatrix& m0 = *targets[0].w->tiles;
+  const TileOps* ops = TileOpsFor(m0.type());
+  assert(ops != nullptr);
+  const int64_t cols = m0.cols(), nb = cols / kQK;
+  scratch.resize(static_cast<size_t>(n * nb) * sizeof(TileAct));
+  TileAct* act = reinterpret_cast<TileAct*>(scratch.data());
+  auto prep = [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) ops->prep(x + t * cols, cols, act + t * nb);
+  };
+  // Converting a few tokens costs less than waking the workers.
+  if (n * cols >= (int64_t{1} << 16))
+    pool.ParallelFor(n, prep, 1);
+  else
+    prep(0, n);
+
+  const size_t num_targets = targets.size();
+  assert(num_targets <= 8);
+  int64_t group_begin[8];
+  int64_t groups = 0;
+  for (size_t i = 0; i < num_targets; ++i) {
+    group_begin[i] = groups;
+    groups += targets[i].w->tiles->groups();
+  }
+  // At least ~64K multiply-adds per chunk (a chunk count of 1 runs inline), and a few chunks
+  // per thread so that uneven progress evens out.
+  const int64_t group_work = kTileRows * cols * n;
+  const int64_t grain = std::max<int64_t>(
+      std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, group_work)),
+      groups / (4 * pool.num_threads()));
+  pool.ParallelFor(groups, [&](int64_t gb, int64_t ge) {
+    float part[kMaxTileTokens * kTileRows];
+    size_t ti = 0;
+    for (int64_t g = gb; g < ge; ++g) {
+      while (ti + 1 < num_targets && g >= group_begin[ti + 1]) ++ti;
+      const TiledMatrix& m = *targets[ti].w->tiles;
+      const int64_t lg = g - group_begin[ti], rows = m.rows(), r0 = lg * kTileRows;
+      const uint8_t* w = m.group(lg);
+      float* y = targets[ti].y;
+      for (int64_t t0 = 0; t0 < n; t0 += kMaxTileTokens) {
+        const int count = static_cast<int>(std::min<int64_t>(kMaxTileTokens, n - t0));
+        if (r0 + kTileRows <= rows) {
+          ops->dot(cols, w, act + t0 * nb, nb, count, y + t0 * rows + r0, rows);
+          continue;
+        }
+        // The last, partly padded group: only its real rows are written.
+        ops->dot(cols, w, act + t0 * nb, nb, count, part, kTileRows);
+        for (int c = 0; c < count; ++c)
+          std::copy_n(part + c * kTileRows, rows - r0, y + (t0 + c) * rows + r0);
+      }
+    }
+  }, grain);
+}
+
+}  // namespace
+
 void MatMulShared(std::span<const MatMulTarget> targets, const float* x, int64_t n,
                   ThreadPool& pool, std::vector<uint8_t>& scratch, bool batch_invariant) {
-  const WeightMatrix& w0 = *targets[0].w;
+  const WeightMatrix& w0 = targets[0].w->view;
   const int64_t cols = w0.cols;
-  bool same = true;
-  for (const MatMulTarget& t : targets) same = same && t.w->type == w0.type && t.w->cols == cols;
+  bool same = true, tiled = true;
+  for (const MatMulTarget& t : targets) {
+    same = same && t.w->view.type == w0.type && t.w->view.cols == cols;
+    tiled = tiled && t.w->tiles != nullptr;
+  }
+  if (same && tiled) return TiledProducts(targets, x, n, pool, scratch);
   if (!same || (!batch_invariant && w0.type == DType::kF32 && n >= kBlasMinRows)) {
     if (targets.size() > 1 || !same) {
       for (const MatMulTarget& t : targets) MatMulShared(std::span(&t, 1), x, n, pool, scratch,
@@ -80,7 +156,7 @@ void MatMulShared(std::span<const MatMulTarget> targets, const float* x, int64_t
   int64_t strips = 0;
   for (size_t i = 0; i < num_targets; ++i) {
     strip_begin[i] = strips;
-    strips += (targets[i].w->rows + strip - 1) / strip;
+    strips += (targets[i].w->view.rows + strip - 1) / strip;
   }
   auto vec_dot = ops->vec_dot;
   auto vec_dot_multi = ops->vec_dot_multi;
@@ -96,7 +172,7 @@ void MatMulShared(std::span<const MatMulTarget> targets, const float* x, int64_t
     size_t ti = 0;
     for (int64_t s = sb; s < se; ++s) {
       while (ti + 1 < num_targets && s >= strip_begin[ti + 1]) ++ti;
-      const WeightMatrix& w = *targets[ti].w;
+      const WeightMatrix& w = targets[ti].w->view;
       const uint8_t* wdata = static_cast<const uint8_t*>(w.data);
       const int64_t rows = w.rows;
       const int64_t r0 = (s - strip_begin[ti]) * strip, r1 = std::min(rows, r0 + strip);

@@ -34,10 +34,12 @@ class RopeTable {
   std::vector<float> cos_, sin_;  // [max_pos, head_dim / 2]
 };
 
-// In place: x[i] = exp(x[i] - max) / sum, for i < n.
+// In place: x[i] = exp(x[i] - max) / sum, for i < n. With AVX2, exp is a polynomial within 2 ulp
+// of expf (inputs below -87.3 give 2^-126, not 0) and the sum runs in 8 lanes.
 void Softmax(float* x, int64_t n);
 
-// gate[i] = silu(gate[i]) * up[i], for i < n.
+// gate[i] = silu(gate[i]) * up[i], for i < n; with AVX2 through the same exp as Softmax. Each
+// element's value depends on its inputs only (not on n or i).
 void SwiGlu(float* gate, const float* up, int64_t n);
 
 // Attention's inner loops: sum_i a[i] * b[i], and y[i] += alpha * x[i], for i < n. AVX2 (8 lanes,

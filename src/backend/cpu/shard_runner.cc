@@ -105,24 +105,24 @@ StatusOr<std::unique_ptr<CpuShardRunner>> CpuShardRunner::Create(
   if (layout.stage == 0) SI_RETURN_IF_ERROR(CheckType(w.token_embedding, "token_embedding"));
   if (r->last_stage()) {
     SI_RETURN_IF_ERROR(CheckType(w.output, "output"));
-    r->output_ = Rows(w.output, r->vocab_);
+    SI_ASSIGN_OR_RETURN(r->output_, cpu::CpuMatrix::Prepare(Rows(w.output, r->vocab_)));
   }
   for (int64_t li = r->layers_.begin; li < r->layers_.end(); ++li) {
     const LayerWeights& l = w.layers[li];
     for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_down, &l.w_up})
       SI_RETURN_IF_ERROR(CheckType(*m, "layer weight").WithContext("layer " + std::to_string(li)));
     LayerShard s;
-    s.wq = Rows(l.wq, r->q_cols_[me]);
-    s.wk = Rows(l.wk, kv_cols);
-    s.wv = Rows(l.wv, kv_cols);
-    s.wo = Rows(l.wo, r->dim_rows_[me]);
-    s.w_gate = Rows(l.w_gate, r->hidden_rows_[me]);
-    s.w_up = Rows(l.w_up, r->hidden_rows_[me]);
-    s.w_down = Rows(l.w_down, r->dim_rows_[me]);
+    SI_ASSIGN_OR_RETURN(s.wq, cpu::CpuMatrix::Prepare(Rows(l.wq, r->q_cols_[me])));
+    SI_ASSIGN_OR_RETURN(s.wk, cpu::CpuMatrix::Prepare(Rows(l.wk, kv_cols)));
+    SI_ASSIGN_OR_RETURN(s.wv, cpu::CpuMatrix::Prepare(Rows(l.wv, kv_cols)));
+    SI_ASSIGN_OR_RETURN(s.wo, cpu::CpuMatrix::Prepare(Rows(l.wo, r->dim_rows_[me])));
+    SI_ASSIGN_OR_RETURN(s.w_gate, cpu::CpuMatrix::Prepare(Rows(l.w_gate, r->hidden_rows_[me])));
+    SI_ASSIGN_OR_RETURN(s.w_up, cpu::CpuMatrix::Prepare(Rows(l.w_up, r->hidden_rows_[me])));
+    SI_ASSIGN_OR_RETURN(s.w_down, cpu::CpuMatrix::Prepare(Rows(l.w_down, r->dim_rows_[me])));
     s.bq = Slice(l.bq, r->q_cols_[me]);
     s.bk = Slice(l.bk, kv_cols);
     s.bv = Slice(l.bv, kv_cols);
-    r->shards_.push_back(s);
+    r->shards_.push_back(std::move(s));
   }
   r->num_kv_blocks_ = num_kv_blocks;
   r->kv_block_size_ = kv_block_size;

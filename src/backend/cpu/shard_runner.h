@@ -43,6 +43,7 @@
 
 #include "backend/backend.h"
 #include "backend/collective.h"
+#include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
 #include "common/thread_pool.h"
 #include "model/model.h"
@@ -116,9 +117,9 @@ class CpuShardRunner {
   Status Gather(Collective* group, const float* local, int64_t n,
                 std::span<const ShardRange> shares, float* full);
 
-  // This rank's rows of one layer's matrices (views into the model's weights).
+  // This rank's rows of one layer's matrices (views into the model's weights, with their tiles).
   struct LayerShard {
-    WeightMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
+    cpu::CpuMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
     WeightVector bq, bk, bv;
   };
 
@@ -131,7 +132,7 @@ class CpuShardRunner {
   std::vector<ShardRange> kv_heads_;  // per TP rank
   std::vector<ShardRange> q_cols_, dim_rows_, hidden_rows_;  // per TP rank, in floats
   std::vector<LayerShard> shards_;   // [layers_.count]
-  WeightMatrix output_;              // vocab_ rows of the output matrix
+  cpu::CpuMatrix output_;            // vocab_ rows of the output matrix
   int32_t num_kv_blocks_ = 0, kv_block_size_ = 0;
   int64_t kv_slots_ = 0;
   int32_t kv_dim_ = 0;               // this rank's KV width: local kv heads * head_dim

@@ -1,0 +1,225 @@
+// The tile kernels with AVX-512 F/VL/BW/VNNI: one zmm lane per tile row. Per block and token,
+// vpdpbusd adds row j's products of 4 quants into lane j, the token's 4 activation bytes coming
+// from a broadcast memory operand, so the 16 rows' exact integer sums of a block take 8
+// instructions and no reduction; one convert, one multiply (the scales) and one FMA then follow
+// the summation order of tiled_matrix.h for all 16 rows at once. The weight nibbles of a block
+// are unpacked once for up to kMaxTileTokens tokens (T accumulators and T integer sums: 2T + 4
+// of the 32 registers).
+//
+// Compiled per function for the AVX-512 target (the translation unit stays baseline x86-64);
+// TileOpsForIsa hands these out only when GetCpuFeatures().use_avx512_kernels.
+#include "backend/cpu/tiled_kernels.h"
+
+#if defined(SPECINFER_HAVE_X86_KERNELS)
+
+#include <immintrin.h>
+
+#include <cstring>
+
+// GCC 12's AVX-512 conversion intrinsics pass _mm512_undefined_ps() as the unused merge source,
+// which -Wmaybe-uninitialized reports at every call.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#define SI_512_TARGET "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"
+#define SI_512 __attribute__((target(SI_512_TARGET)))
+#define SI_512_INLINE __attribute__((target(SI_512_TARGET), always_inline)) static inline
+
+namespace specinfer::cpu::tiled_avx512 {
+
+namespace {
+
+SI_512_INLINE __m512i Bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// The weights stream from memory once per product: ask for the block kAhead blocks on (into
+// L1) while this one computes, past the end of the group too (groups are contiguous). Only for
+// several tokens: a single token's kernel is bound by the memory stream itself, which the
+// hardware prefetchers serve better alone (measured: 8 and 32 tokens 17-23% faster on weights
+// from memory, 1 token 24% slower with it).
+template <size_t kBlockBytes>
+SI_512_INLINE void Prefetch(const uint8_t* w) {
+  constexpr size_t kAhead = 4 * kBlockBytes;
+#pragma GCC unroll 9
+  for (size_t off = 0; off < kBlockBytes; off += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(w + kAhead + off), _MM_HINT_T0);
+}
+
+// Q4_1 / Q4_0 tiles: kMin adds the m * s term, kBias starts each block's sum at TileAct::bias
+// (Q4_0's -8 * sum q). With one or two tokens the 8 vpdpbusd of a block are split over two
+// integer sums (added exactly at the end) so their latency chain is halved.
+template <int T, bool kMin, bool kBias, size_t kBlockBytes>
+SI_512_INLINE void NibbleTile(int64_t nb, const uint8_t* w, const TileAct* x, int64_t xs, float* y,
+                              int64_t ys) {
+  constexpr bool kSplit = T <= 2;
+  constexpr size_t kQ = kMin ? 64 : 32;
+  const __m512i mask = _mm512_set1_epi8(0x0F);
+  __m512 acc[T];
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b, w += kBlockBytes) {
+    if constexpr (T > 1) Prefetch<kBlockBytes>(w);
+    __m512i s0[T], s1[T];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      s0[t] = kBias ? _mm512_set1_epi32(x[t * xs + b].bias) : _mm512_setzero_si512();
+      if (kSplit) s1[t] = _mm512_setzero_si512();
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      const __m512i p = _mm512_loadu_si512(w + kQ + 64 * k);
+      const __m512i lo = _mm512_and_si512(p, mask);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), mask);
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) {
+        const int8_t* q = x[t * xs + b].qs;
+        s0[t] = _mm512_dpbusd_epi32(s0[t], lo, Bcast4(q + 4 * k));
+        if (kSplit)
+          s1[t] = _mm512_dpbusd_epi32(s1[t], hi, Bcast4(q + 16 + 4 * k));
+        else
+          s0[t] = _mm512_dpbusd_epi32(s0[t], hi, Bcast4(q + 16 + 4 * k));
+      }
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const __m512i s = kSplit ? _mm512_add_epi32(s0[t], s1[t]) : s0[t];
+      const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(x[t * xs + b].d));
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc[t]);
+    }
+    if constexpr (kMin) {
+      const __m512 mw =
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32)));
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t)
+        acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(x[t * xs + b].s), acc[t]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + t * ys, acc[t]);
+}
+
+// Q8_0 tiles: quants stored plus 128 (unsigned), each block's sum starting at -128 * sum q.
+template <int T>
+SI_512_INLINE void ByteTile(int64_t nb, const uint8_t* w, const TileAct* x, int64_t xs, float* y,
+                            int64_t ys) {
+  constexpr bool kSplit = T <= 2;
+  __m512 acc[T];
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b, w += kTileQ8_0Bytes) {
+    if constexpr (T > 1) Prefetch<kTileQ8_0Bytes>(w);
+    __m512i s0[T], s1[T];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      s0[t] = _mm512_set1_epi32(x[t * xs + b].bias);
+      if (kSplit) s1[t] = _mm512_setzero_si512();
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      const __m512i q = _mm512_loadu_si512(w + 32 + 64 * k);
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) {
+        const __m512i a = Bcast4(x[t * xs + b].qs + 4 * k);
+        if (kSplit && k % 2 == 1)
+          s1[t] = _mm512_dpbusd_epi32(s1[t], q, a);
+        else
+          s0[t] = _mm512_dpbusd_epi32(s0[t], q, a);
+      }
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const __m512i s = kSplit ? _mm512_add_epi32(s0[t], s1[t]) : s0[t];
+      const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(x[t * xs + b].d));
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc[t]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + t * ys, acc[t]);
+}
+
+// Calls K<T> for count = T in 1..kMaxTileTokens.
+template <template <int> class K>
+SI_512_INLINE void ByCount(int64_t nb, const uint8_t* w, const TileAct* x, int64_t xs, int count,
+                           float* y, int64_t ys) {
+  switch (count) {
+    case 1: return K<1>::Run(nb, w, x, xs, y, ys);
+    case 2: return K<2>::Run(nb, w, x, xs, y, ys);
+    case 3: return K<3>::Run(nb, w, x, xs, y, ys);
+    case 4: return K<4>::Run(nb, w, x, xs, y, ys);
+    case 5: return K<5>::Run(nb, w, x, xs, y, ys);
+    case 6: return K<6>::Run(nb, w, x, xs, y, ys);
+    case 7: return K<7>::Run(nb, w, x, xs, y, ys);
+    default: return K<8>::Run(nb, w, x, xs, y, ys);
+  }
+}
+static_assert(kMaxTileTokens == 8);
+
+template <int T>
+struct Q4_1K {
+  SI_512_INLINE void Run(int64_t nb, const uint8_t* w, const TileAct* x, int64_t xs, float* y,
+                         int64_t ys) {
+    NibbleTile<T, true, false, kTileQ4_1Bytes>(nb, w, x, xs, y, ys);
+  }
+};
+template <int T>
+struct Q4_0K {
+  SI_512_INLINE void Run(int64_t nb, const uint8_t* w, const TileAct* x, int64_t xs, float* y,
+                         int64_t ys) {
+    NibbleTile<T, false, true, kTileQ4_0Bytes>(nb, w, x, xs, y, ys);
+  }
+};
+template <int T>
+struct Q8_0K {
+  SI_512_INLINE void Run(int64_t nb, const uint8_t* w, const TileAct* x, int64_t xs, float* y,
+                         int64_t ys) {
+    ByteTile<T>(nb, w, x, xs, y, ys);
+  }
+};
+
+}  // namespace
+
+SI_512 void DotQ4_1(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count,
+                    float* y, int64_t y_stride) {
+  ByCount<Q4_1K>(n / kQK, w, static_cast<const TileAct*>(x), x_stride, count, y, y_stride);
+}
+
+SI_512 void DotQ4_0(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count,
+                    float* y, int64_t y_stride) {
+  ByCount<Q4_0K>(n / kQK, w, static_cast<const TileAct*>(x), x_stride, count, y, y_stride);
+}
+
+SI_512 void DotQ8_0(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count,
+                    float* y, int64_t y_stride) {
+  ByCount<Q8_0K>(n / kQK, w, static_cast<const TileAct*>(x), x_stride, count, y, y_stride);
+}
+
+}  // namespace specinfer::cpu::tiled_avx512
+
+#endif  // SPECINFER_HAVE_X86_KERNELS
+
+#if defined(SPECINFER_HAVE_X86_KERNELS)
+namespace specinfer::cpu::tiled_avx512 {
+
+// 12 independent vpdpbusd chains (more than latency x throughput), `iters` rounds: 768 int8
+// multiply-adds per round.
+SI_512 int64_t PeakLoop(int64_t iters) {
+  __m512i acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_epi32(i);
+  __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(5);
+  for (int64_t r = 0; r < iters; ++r) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+    asm volatile("" : "+v"(a), "+v"(b));
+  }
+  __m512i s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_epi32(s, acc[i]);
+  asm volatile("" : : "v"(s));  // the sums are live: the loop is not dropped
+  return iters * 768;
+}
+
+}  // namespace specinfer::cpu::tiled_avx512
+#endif

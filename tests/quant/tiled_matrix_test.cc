@@ -1,0 +1,212 @@
+// The tile kernels (backend/cpu/tiled_matrix.h) of every kernel set against ReferenceDot, BIT FOR
+// BIT: every (row, token) output, for row counts that do not fill the last tile, token counts
+// 1..kMaxTileTokens, strided activations and outputs, and lengths from one block to 48. This is
+// what lets a token's logits be the same in a decode step and in a tree pass of any size, and on
+// AVX-512, AVX2 and scalar machines alike. ReferenceDot itself is checked against the exact
+// (double) dot product of the dequantised values.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/simd.h"
+#include "backend/cpu/tiled_matrix.h"
+#include "backend/cpu/type_ops.h"
+#include "quant_random.h"
+#include "quant_vectors.h"
+
+namespace specinfer {
+namespace {
+
+using testing::AvailableIsas;
+using testing::IsaName;
+
+const std::vector<DType>& TiledTypes() {
+  static const std::vector<DType> kTypes = {DType::kQ4_1, DType::kQ4_0, DType::kQ8_0};
+  return kTypes;
+}
+
+struct Problem {
+  WeightMatrix w;
+  std::vector<uint8_t> w_bytes;
+  int64_t tokens = 0;
+  std::vector<float> x;             // [tokens, cols]
+  std::vector<uint8_t> xq;          // [tokens] rows of vec_dot_type (the reference's input)
+  size_t xq_row_bytes = 0;
+};
+
+Problem MakeProblem(DType t, int64_t rows, int64_t cols, int64_t tokens, std::mt19937& rng) {
+  Problem p;
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<uint8_t> row = testing::RandomRow(t, cols, rng);
+    p.w_bytes.insert(p.w_bytes.end(), row.begin(), row.end());
+  }
+  p.w = WeightMatrix{t, rows, cols, p.w_bytes.data()};
+  p.tokens = tokens;
+  const cpu::TypeOps* ops = cpu::GetTypeOpsForIsa(t, cpu::KernelIsa::kScalar);
+  p.xq_row_bytes = RowBytes(ops->vec_dot_type, cols);
+  p.xq.resize(p.xq_row_bytes * tokens);
+  for (int64_t i = 0; i < tokens; ++i) {
+    const std::vector<float> x = testing::RandomActivations(cols, rng);
+    p.x.insert(p.x.end(), x.begin(), x.end());
+    ops->from_float(x.data(), p.xq.data() + i * p.xq_row_bytes, cols);
+  }
+  return p;
+}
+
+// Runs the kernels of `isa` over every tile group and token slice, with outputs `y_stride`
+// floats apart (>= the padded row count) and activations `x_gap` TileAct apart beyond a row.
+std::vector<float> RunTiles(const cpu::TileOps& ops, const cpu::TiledMatrix& m, const Problem& p,
+                            int slice, int64_t x_gap) {
+  const int64_t nb = p.w.cols / 32, xs = nb + x_gap;
+  std::vector<cpu::TileAct> act(static_cast<size_t>(xs * p.tokens));
+  for (int64_t i = 0; i < p.tokens; ++i) ops.prep(&p.x[i * p.w.cols], p.w.cols, &act[i * xs]);
+  const int64_t y_stride = m.groups() * cpu::kTileRows + 3;
+  std::vector<float> y(static_cast<size_t>(y_stride * p.tokens), std::nanf(""));
+  for (int64_t g = 0; g < m.groups(); ++g) {
+    for (int64_t t0 = 0; t0 < p.tokens; t0 += slice) {
+      const int count = static_cast<int>(std::min<int64_t>(slice, p.tokens - t0));
+      ops.dot(p.w.cols, m.group(g), &act[t0 * xs], xs, count,
+              &y[t0 * y_stride + g * cpu::kTileRows], y_stride);
+    }
+  }
+  // Back to [tokens, rows].
+  std::vector<float> out(static_cast<size_t>(p.tokens * p.w.rows));
+  for (int64_t i = 0; i < p.tokens; ++i)
+    for (int64_t r = 0; r < p.w.rows; ++r) out[i * p.w.rows + r] = y[i * y_stride + r];
+  return out;
+}
+
+TEST(TiledMatrix, EveryKernelSetIsBitIdenticalToReferenceDot) {
+  std::mt19937 rng(5);
+  int sets = 0;
+  for (DType t : TiledTypes()) {
+    for (int64_t cols : {32, 96, 576, 1536}) {
+      for (int64_t rows : {16, 37}) {
+        const Problem p = MakeProblem(t, rows, cols, 11, rng);
+        StatusOr<cpu::TiledMatrix> m = cpu::TiledMatrix::Tile(p.w);
+        ASSERT_TRUE(m.ok()) << m.status().ToString();
+        std::vector<float> want(static_cast<size_t>(p.tokens * rows));
+        for (int64_t i = 0; i < p.tokens; ++i)
+          for (int64_t r = 0; r < rows; ++r)
+            want[i * rows + r] =
+                cpu::ReferenceDot(t, cols, p.w.row(r), p.xq.data() + i * p.xq_row_bytes);
+        for (cpu::KernelIsa isa : AvailableIsas()) {
+          const cpu::TileOps* ops = cpu::TileOpsForIsa(t, isa);
+          ASSERT_NE(ops, nullptr) << DTypeName(t) << " " << IsaName(isa);
+          for (int slice : {1, 2, 3, 5, cpu::kMaxTileTokens}) {
+            const std::vector<float> got = RunTiles(*ops, *m, p, slice, slice % 2);
+            for (size_t i = 0; i < want.size(); ++i) {
+              ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0)
+                  << DTypeName(t) << " " << IsaName(isa) << " cols=" << cols << " rows=" << rows
+                  << " slice=" << slice << " token " << i / rows << " row " << i % rows << ": "
+                  << got[i] << " vs " << want[i];
+            }
+          }
+          ++sets;
+        }
+      }
+    }
+  }
+  EXPECT_GE(sets, static_cast<int>(TiledTypes().size()) * 8);
+}
+
+// ReferenceDot computes the dot product of the dequantised row and activations, up to float32
+// rounding of one FMA and one add per block.
+TEST(TiledMatrix, ReferenceDotIsTheDotProduct) {
+  std::mt19937 rng(6);
+  for (DType t : TiledTypes()) {
+    const int64_t cols = 1536;
+    const Problem p = MakeProblem(t, 8, cols, 2, rng);
+    const cpu::TypeOps* ops = cpu::GetTypeOpsForIsa(t, cpu::KernelIsa::kScalar);
+    const cpu::TypeOps* xops = cpu::GetTypeOpsForIsa(ops->vec_dot_type, cpu::KernelIsa::kScalar);
+    std::vector<float> wf(cols), xf(cols);
+    for (int64_t i = 0; i < p.tokens; ++i) {
+      xops->to_float(p.xq.data() + i * p.xq_row_bytes, xf.data(), cols);
+      for (int64_t r = 0; r < p.w.rows; ++r) {
+        ops->to_float(p.w.row(r), wf.data(), cols);
+        double exact = 0, abs_terms = 0;
+        for (int64_t c = 0; c < cols; ++c) {
+          exact += static_cast<double>(wf[c]) * xf[c];
+          abs_terms += std::fabs(static_cast<double>(wf[c]) * xf[c]);
+        }
+        // Q4_1's m term uses s = fp16(d * sum q): 2^-11 relative.
+        const double tol = (t == DType::kQ4_1 ? 2e-3 : 0.0) * abs_terms +
+                           (cols / 32 + 16) * 2.0 / (1 << 24) * abs_terms;
+        EXPECT_NEAR(cpu::ReferenceDot(t, cols, p.w.row(r), p.xq.data() + i * p.xq_row_bytes),
+                    exact, tol)
+            << DTypeName(t) << " row " << r;
+      }
+    }
+  }
+}
+
+// Extreme quants (all -128 / 127 / 0xFF nibbles) and full-scale activations: no 16-bit sum may
+// saturate in any kernel set.
+TEST(TiledMatrix, ExtremeQuantsDoNotOverflow) {
+  for (DType t : TiledTypes()) {
+    for (uint8_t fill : {0x00, 0xFF, 0x80, 0x7F}) {
+      const int64_t cols = 256, rows = 16;
+      std::vector<uint8_t> bytes(RowBytes(t, cols) * rows, fill);
+      const size_t bb = GetDTypeTraits(t).block_bytes;
+      for (size_t off = 0; off < bytes.size(); off += bb) {
+        testing::PutHalf(bytes.data() + off, 1.0f);
+        if (testing::HasMinField(t)) testing::PutHalf(bytes.data() + off + 2, 0.5f);
+      }
+      Problem p;
+      p.w = WeightMatrix{t, rows, cols, bytes.data()};
+      p.tokens = 3;
+      const cpu::TypeOps* ops = cpu::GetTypeOpsForIsa(t, cpu::KernelIsa::kScalar);
+      p.xq_row_bytes = RowBytes(ops->vec_dot_type, cols);
+      p.xq.resize(p.xq_row_bytes * p.tokens);
+      for (int64_t i = 0; i < p.tokens; ++i) {
+        std::vector<float> x(cols);
+        for (int64_t c = 0; c < cols; ++c) x[c] = ((c + i) % 3 == 0) ? -3.0f : 3.0f;
+        if (i == 2)
+          for (float& v : x) v = -3.0f;
+        p.x.insert(p.x.end(), x.begin(), x.end());
+        ops->from_float(x.data(), p.xq.data() + i * p.xq_row_bytes, cols);
+      }
+      StatusOr<cpu::TiledMatrix> m = cpu::TiledMatrix::Tile(p.w);
+      ASSERT_TRUE(m.ok());
+      for (cpu::KernelIsa isa : AvailableIsas()) {
+        const std::vector<float> got = RunTiles(*cpu::TileOpsForIsa(t, isa), *m, p, 8, 0);
+        for (int64_t i = 0; i < p.tokens; ++i) {
+          for (int64_t r = 0; r < rows; ++r) {
+            const float want =
+                cpu::ReferenceDot(t, cols, p.w.row(r), p.xq.data() + i * p.xq_row_bytes);
+            ASSERT_EQ(got[i * rows + r], want)
+                << DTypeName(t) << " fill " << int(fill) << " " << IsaName(isa);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Where the CPU cannot run a kernel set, its bit-exactness was not checked above: say so.
+TEST(TiledMatrix, Avx512KernelsRunHere) {
+  if (!cpu::GetCpuFeatures().use_avx512_kernels)
+    GTEST_SKIP() << "this CPU lacks AVX-512 F/VL/BW/VNNI (or SPECINFER_NO_AVX512 is set): the "
+                    "AVX-512 tile kernels were not checked";
+  EXPECT_NE(cpu::TileOpsForIsa(DType::kQ4_1, cpu::KernelIsa::kAvx512), nullptr);
+}
+
+TEST(TiledMatrix, Avx2KernelsRunHere) {
+  if (!cpu::GetCpuFeatures().use_avx2_kernels)
+    GTEST_SKIP() << "this CPU lacks AVX2/FMA/F16C (or SPECINFER_NO_AVX2 is set): the AVX2 tile "
+                    "kernels were not checked";
+  EXPECT_NE(cpu::TileOpsForIsa(DType::kQ4_1, cpu::KernelIsa::kAvx2), nullptr);
+}
+
+TEST(TiledMatrix, RefusesWhatItCannotTile) {
+  std::vector<uint8_t> bytes(4 * 48);
+  EXPECT_FALSE(cpu::TiledMatrix::Tile(WeightMatrix{DType::kQ8_1, 1, 32, bytes.data()}).ok());
+  EXPECT_FALSE(cpu::TiledMatrix::Tile(WeightMatrix{DType::kQ8_0, 0, 32, bytes.data()}).ok());
+}
+
+}  // namespace
+}  // namespace specinfer
