@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Generates tests/data/arch/: one tiny random model per supported decoder family, written by
+its reference implementation (Hugging Face transformers), with the reference logits, for
+tests/model/arch_reference_test.cc.
+
+Usage (needs torch, transformers, safetensors):
+  python3 tests/reference/make_arch_models.py [--out tests/data/arch]
+
+For each family NAME the output is tests/data/arch/NAME/: config.json and model.safetensors as
+save_pretrained writes them (float32), and reference.json: {"tokens": [...], "logits":
+[[vocab floats] per token]}, the logits transformers computes for the whole token sequence in
+one causal pass (eager attention, float32). The families and what each exercises:
+  llama3   Llama with rope_scaling llama3 (one frequency kept, one smoothed, two scaled)
+  qwen2    q/k/v biases
+  qwen3    per-head q/k RMSNorm (QK-norm), head_dim given apart from hidden_size / heads
+  mistral  sliding-window attention on every layer (window 5 < the 12 tokens)
+  gemma2   (1 + w) norms, post-norms, GeGLU (gelu tanh), embedding * sqrt(dim), attention and
+           final logit soft-capping, query_pre_attn_scalar, alternating sliding layers
+  gemma3   Gemma 2's norms and GeGLU plus QK-norm, sliding layers with their own RoPE base
+           (rope_local_base_freq) interleaved with global ones, no soft-capping
+All parameters are drawn N(0, 0.15^2) (norm gains too, so a (1 + w) slip shows), seeded.
+Sizes: dim 32, 3 layers, vocab 96: about 150 KB per model.
+"""
+
+import argparse
+import json
+import os
+
+import torch
+import transformers
+
+SEED = 1126
+VOCAB = 96
+TOKENS = [1, 17, 42, 5, 88, 9, 63, 17, 42, 30, 2, 71]
+
+
+def configs():
+    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  rms_norm_eps=1e-6, tie_word_embeddings=False)
+    t = transformers
+    return {
+        "llama3": (t.LlamaConfig(**common, rope_theta=10000.0,
+                                 rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                               "original_max_position_embeddings": 128}),
+                   t.LlamaForCausalLM),
+        "qwen2": (t.Qwen2Config(**common, rope_theta=1000000.0), t.Qwen2ForCausalLM),
+        "qwen3": (t.Qwen3Config(**{**common, "tie_word_embeddings": True}, head_dim=16,
+                                rope_theta=1000000.0),
+                  t.Qwen3ForCausalLM),
+        "mistral": (t.MistralConfig(**common, sliding_window=5, rope_theta=10000.0),
+                    t.MistralForCausalLM),
+        "gemma2": (t.Gemma2Config(**{**common, "tie_word_embeddings": True}, head_dim=16,
+                                  query_pre_attn_scalar=12, sliding_window=5,
+                                  attn_logit_softcapping=3.0, final_logit_softcapping=5.0,
+                                  hidden_activation="gelu_pytorch_tanh",
+                                  attn_implementation="eager"),
+                   t.Gemma2ForCausalLM),
+        "gemma3": (t.Gemma3TextConfig(**{**common, "tie_word_embeddings": True,
+                                         "num_hidden_layers": 4}, head_dim=16,
+                                      query_pre_attn_scalar=16, sliding_window=5,
+                                      layer_types=["sliding_attention", "sliding_attention",
+                                                   "full_attention", "sliding_attention"],
+                                      rope_theta=1000000.0, rope_local_base_freq=100.0,
+                                      hidden_activation="gelu_pytorch_tanh",
+                                      attn_implementation="eager"),
+                   t.Gemma3ForCausalLM),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    ap.add_argument("--out", default=os.path.join(root, "tests/data/arch"))
+    ap.add_argument("--only", default="")
+    args = ap.parse_args()
+    for i, (name, (config, cls)) in enumerate(configs().items()):
+        if args.only and name != args.only:
+            continue
+        torch.manual_seed(SEED + i)
+        config._attn_implementation = "eager"
+        model = cls(config).float().eval()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_(0.0, 0.15)
+        out = os.path.join(args.out, name)
+        os.makedirs(out, exist_ok=True)
+        model.save_pretrained(out, safe_serialization=True)
+        with torch.no_grad():
+            logits = model(torch.tensor([TOKENS])).logits[0].float()
+        with open(os.path.join(out, "reference.json"), "w") as f:
+            json.dump({"generator": "tests/reference/make_arch_models.py",
+                       "transformers_version": transformers.__version__,
+                       "torch_version": torch.__version__, "tokens": TOKENS,
+                       "logits": [[float(v) for v in row] for row in logits]}, f)
+            f.write("\n")
+        for extra in ("generation_config.json",):
+            p = os.path.join(out, extra)
+            if os.path.exists(p):
+                os.remove(p)
+        size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
+        print(f"{name}: {size} bytes -> {out}")
+
+
+if __name__ == "__main__":
+    main()
