@@ -177,8 +177,10 @@ std::string ModelConfig::ToString() const {
                                                     : "")
     << (rope_freq_factors.empty() ? "" : " rope_freq_factors")
     << (tied_output ? " tied" : "");
-  for (const std::string& f : ExtendedFeatures()) s << " " << f;
-  if (sliding_window > 0) s << "(" << sliding_window << ")";
+  for (const std::string& f : ExtendedFeatures()) {
+    s << " " << f;
+    if (f == "sliding_window") s << "=" << sliding_window;
+  }
   return s.str();
 }
 
