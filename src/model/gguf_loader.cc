@@ -35,7 +35,11 @@ Status GemmaSettings(const GgufFile& g, const std::string& arch, ModelConfig& c)
     c.sliding_layers.resize(static_cast<size_t>(std::max(c.n_layers, 0)));
     for (int32_t i = 0; i < c.n_layers; ++i) c.sliding_layers[i] = i % pattern < pattern - 1;
   }
-  if (arch == "gemma3") c.rope_theta_local = 10000.0f;  // llama.cpp: rope_freq_base_train_swa
+  if (arch == "gemma3") {
+    // llama.cpp fixes Gemma 3's local base at 10000 (rope_freq_base_train_swa) unless the file
+    // states one.
+    SI_ASSIGN_OR_RETURN(c.rope_theta_local, g.GetF32(Key(arch, "rope.freq_base_swa"), 10000.0f));
+  }
   if (arch == "gemma2") {
     SI_ASSIGN_OR_RETURN(c.attn_softcap, g.GetF32(Key(arch, "attn_logit_softcapping"), 0.0f));
     SI_ASSIGN_OR_RETURN(c.final_softcap, g.GetF32(Key(arch, "final_logit_softcapping"), 0.0f));

@@ -6,7 +6,8 @@
 //   |ours - reference| <= 1e-4 * max|reference| + 1e-5
 // (both float32; only the summation order differs). Decoding the same tokens one at a time must
 // give the prompt pass's logits bit for bit (the batch invariance speculative decoding relies on,
-// here through the sliding-window and soft-capping paths).
+// here through the sliding-window and soft-capping paths). Qwen3 and Gemma 3 also as GGUF files
+// written the way llama.cpp's converter writes them, through the GGUF loader.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -17,6 +18,8 @@
 
 #include "backend/cpu/cpu_runner.h"
 #include "kv/kv_cache.h"
+#include "model/gguf.h"
+#include "model/gguf_loader.h"
 #include "model/hf_loader.h"
 #include "test_util.h"
 
@@ -37,11 +40,23 @@ Reference LoadReference(const std::string& dir) {
 
 class ArchReference : public ::testing::TestWithParam<const char*> {};
 
+// "NAME": the Hugging Face directory; "NAME.gguf": the same weights as GGUF (NAME/model.gguf).
+StatusOr<std::unique_ptr<Model>> LoadFamily(const std::string& param) {
+  const bool gguf = param.size() > 5 && param.substr(param.size() - 5) == ".gguf";
+  const std::string dir = testing::SourcePath(
+      "tests/data/arch/" + (gguf ? param.substr(0, param.size() - 5) : param));
+  if (!gguf) return ModelFromHfDirectory(dir);
+  SI_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> g, GgufFile::Open(dir + "/model.gguf"));
+  return ModelFromGguf(*g);
+}
+
 TEST_P(ArchReference, MatchesTransformersLogits) {
-  const std::string dir = testing::SourcePath(std::string("tests/data/arch/") + GetParam());
+  const std::string param = GetParam();
+  const std::string dir = testing::SourcePath(
+      "tests/data/arch/" + param.substr(0, param.find('.')));
   ASSERT_TRUE(std::filesystem::exists(dir + "/model.safetensors"))
       << dir << " is missing; run tests/reference/make_arch_models.py";
-  StatusOr<std::unique_ptr<Model>> m = ModelFromHfDirectory(dir);
+  StatusOr<std::unique_ptr<Model>> m = LoadFamily(param);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   std::shared_ptr<const Model> model = std::move(m).value();
   const Reference ref = LoadReference(dir);
@@ -99,8 +114,12 @@ TEST_P(ArchReference, MatchesTransformersLogits) {
 
 INSTANTIATE_TEST_SUITE_P(Families, ArchReference,
                          ::testing::Values("llama3", "qwen2", "qwen3", "mistral", "gemma2",
-                                           "gemma3"),
-                         [](const auto& info) { return std::string(info.param); });
+                                           "gemma3", "qwen3.gguf", "gemma3.gguf"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           if (n.find('.') != std::string::npos) n.replace(n.find('.'), 1, "_");
+                           return n;
+                         });
 
 // The configs turn on what each family needs (so a test passing does not mean a switch is dead).
 TEST(ArchReference, ConfigsUseTheirFeatures) {

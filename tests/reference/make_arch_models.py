@@ -18,6 +18,10 @@ one causal pass (eager attention, float32). The families and what each exercises
            final logit soft-capping, query_pre_attn_scalar, alternating sliding layers
   gemma3   Gemma 2's norms and GeGLU plus QK-norm, sliding layers with their own RoPE base
            (rope_local_base_freq) interleaved with global ones, no soft-capping
+qwen3 and gemma3 are also written as GGUF (NAME/model.gguf, float32, as llama.cpp's
+convert_hf_to_gguf.py names and lays out the tensors: Gemma's norm gains stored as 1 + w;
+gemma3.rope.freq_base_swa and gemma3.attention.sliding_window_pattern = 3 carry the local RoPE
+base and the layer pattern), so the GGUF loader is checked against the same reference logits.
 All parameters are drawn N(0, 0.15^2) (norm gains too, so a (1 + w) slip shows), seeded.
 Sizes: dim 32, 3 layers, vocab 96: about 150 KB per model.
 """
@@ -26,6 +30,8 @@ import argparse
 import json
 import os
 
+import gguf
+import numpy as np
 import torch
 import transformers
 
@@ -69,6 +75,62 @@ def configs():
     }
 
 
+def write_gguf(name, config, model, path):
+    """The model as llama.cpp's converter would write it (float32 tensors, no tokenizer)."""
+    arch = {"qwen3": "qwen3", "gemma3": "gemma3"}[name]
+    gemma = arch == "gemma3"
+    w = gguf.GGUFWriter(path, arch)
+    w.add_context_length(config.max_position_embeddings)
+    w.add_embedding_length(config.hidden_size)
+    w.add_block_count(config.num_hidden_layers)
+    w.add_feed_forward_length(config.intermediate_size)
+    w.add_head_count(config.num_attention_heads)
+    w.add_head_count_kv(config.num_key_value_heads)
+    w.add_layer_norm_rms_eps(config.rms_norm_eps)
+    w.add_key_length(config.head_dim)
+    w.add_value_length(config.head_dim)
+    rp = config.rope_parameters
+    if gemma:
+        w.add_rope_freq_base(rp["full_attention"]["rope_theta"])
+        w.add_float32(f"{arch}.rope.freq_base_swa", rp["sliding_attention"]["rope_theta"])
+        w.add_sliding_window(config.sliding_window)
+        w.add_uint32(f"{arch}.attention.sliding_window_pattern", 3)
+    else:
+        w.add_rope_freq_base(rp["rope_theta"])
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+
+    def norm(k):
+        return (sd[k] + 1.0).astype(np.float32) if gemma else sd[k]
+
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    w.add_tensor("output_norm.weight", norm("model.norm.weight"))
+    if not config.tie_word_embeddings:
+        w.add_tensor("output.weight", sd["lm_head.weight"])
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        b = f"blk.{i}."
+        w.add_tensor(b + "attn_norm.weight", norm(p + "input_layernorm.weight"))
+        for src, dst in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"),
+                         ("o_proj", "attn_output")):
+            w.add_tensor(b + dst + ".weight", sd[p + "self_attn." + src + ".weight"])
+        w.add_tensor(b + "attn_q_norm.weight", norm(p + "self_attn.q_norm.weight"))
+        w.add_tensor(b + "attn_k_norm.weight", norm(p + "self_attn.k_norm.weight"))
+        for src, dst in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"),
+                         ("down_proj", "ffn_down")):
+            w.add_tensor(b + dst + ".weight", sd[p + "mlp." + src + ".weight"])
+        if gemma:
+            w.add_tensor(b + "ffn_norm.weight", norm(p + "pre_feedforward_layernorm.weight"))
+            w.add_tensor(b + "post_attention_norm.weight",
+                         norm(p + "post_attention_layernorm.weight"))
+            w.add_tensor(b + "post_ffw_norm.weight", norm(p + "post_feedforward_layernorm.weight"))
+        else:
+            w.add_tensor(b + "ffn_norm.weight", norm(p + "post_attention_layernorm.weight"))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -95,6 +157,8 @@ def main():
                        "torch_version": torch.__version__, "tokens": TOKENS,
                        "logits": [[float(v) for v in row] for row in logits]}, f)
             f.write("\n")
+        if name in ("qwen3", "gemma3"):
+            write_gguf(name, config, model, os.path.join(out, "model.gguf"))
         for extra in ("generation_config.json",):
             p = os.path.join(out, extra)
             if os.path.exists(p):
