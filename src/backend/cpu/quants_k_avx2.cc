@@ -17,6 +17,8 @@
 
 #include <immintrin.h>
 
+#include <cstring>
+
 #include "tensor/half.h"
 
 #define SI_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -59,6 +61,41 @@ SI_AVX2_INLINE __m256i BitAsValue(__m256i v, int bit, int value) {
                           _mm256_set1_epi8(static_cast<char>(value)));
 }
 
+// Q4_K/Q5_K's 12 packed scale bytes -> sc[0..7] (bytes 0..7) and m[0..7] (bytes 8..15), as
+// llama.cpp unpacks them (the same values as GetScaleMinK4).
+SI_AVX2_INLINE void UnpackScalesK4(const uint8_t* scales, uint8_t out[16]) {
+  constexpr uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
+  uint32_t u[4];
+  std::memcpy(u, scales, 12);
+  u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
+  const uint32_t mins_lo = u[1] & kmask1;
+  u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
+  u[2] = mins_lo;
+  u[0] &= kmask1;
+  std::memcpy(out, u, 16);
+}
+
+// sum_j m[j] * (bsums[2j] + bsums[2j + 1]) for the 8 minimums m (bytes) of Q4_K/Q5_K.
+SI_AVX2_INLINE int32_t MinSum8(const uint8_t* m, const int16_t* bsums) {
+  const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m)));
+  const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bsums));
+  const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bsums + 8));
+  // |pair| <= 2 * 16 * 127: no int16 overflow
+  __m128i r = _mm_madd_epi16(mins, _mm_hadd_epi16(b0, b1));
+  r = _mm_add_epi32(r, _mm_unpackhi_epi64(r, r));
+  r = _mm_add_epi32(r, _mm_shuffle_epi32(r, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(r);
+}
+
+// sum_s w[s] * bsums[s] over the 16 sub-blocks, for 16 int16 weights.
+SI_AVX2_INLINE int32_t WeightedBsums16(__m256i w16, const int16_t* bsums) {
+  return HsumI32(_mm256_madd_epi16(w16, Load(bsums)));
+}
+
+SI_AVX2_INLINE __m256i I8ToI16x16(const int8_t* p) {
+  return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 SI_AVX2_INLINE const BlockQ8_K* Row(const void* x, size_t stride, int t, int64_t i) {
   return reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(x) + t * stride) + i;
 }
@@ -82,10 +119,11 @@ SI_AVX2_INLINE void DotQ2_K(int64_t n, const void* w, const void* x, size_t stri
       }
     }
     const float dw = Fp16ToFp32(a[i].d), dmw = Fp16ToFp32(a[i].dmin);
+    const __m256i mins16 = _mm256_srli_epi16(
+        _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a[i].scales))), 4);
     for (int t = 0; t < C; ++t) {
       const BlockQ8_K* b = Row(x, stride, t, i);
-      int32_t msum = 0;
-      for (int s = 0; s < 16; ++s) msum += (a[i].scales[s] >> 4) * b->bsums[s];
+      const int32_t msum = WeightedBsums16(mins16, b->bsums);
       const float dd = dw * b->d, dm = dmw * b->d;
       acc[t] += dd * static_cast<float>(HsumI32(sum[t])) - dm * static_cast<float>(msum);
     }
@@ -134,8 +172,9 @@ SI_AVX2_INLINE void DotQ45_K(int64_t n, const void* w, const void* x, size_t str
   const Block* a = static_cast<const Block*>(w);
   float acc[C] = {};
   for (int64_t i = 0; i < n / kQK_K; ++i) {
-    int sc[8], m[8];
-    for (int s = 0; s < 8; ++s) GetScaleMinK4(s, a[i].scales, &sc[s], &m[s]);
+    uint8_t scm[16];  // sc[0..7], m[0..7]
+    UnpackScalesK4(a[i].scales, scm);
+    const uint8_t* sc = scm;
     __m256i sum[C];
     for (int t = 0; t < C; ++t) sum[t] = _mm256_setzero_si256();
     __m256i qh = _mm256_setzero_si256();
@@ -158,8 +197,7 @@ SI_AVX2_INLINE void DotQ45_K(int64_t n, const void* w, const void* x, size_t str
     const float dw = Fp16ToFp32(a[i].d), dmw = Fp16ToFp32(a[i].dmin);
     for (int t = 0; t < C; ++t) {
       const BlockQ8_K* b = Row(x, stride, t, i);
-      int32_t msum = 0;
-      for (int s = 0; s < 8; ++s) msum += m[s] * (b->bsums[2 * s] + b->bsums[2 * s + 1]);
+      const int32_t msum = MinSum8(scm + 8, b->bsums);
       const float dd = dw * b->d, dm = dmw * b->d;
       acc[t] += dd * static_cast<float>(HsumI32(sum[t])) - dm * static_cast<float>(msum);
     }
@@ -197,11 +235,10 @@ SI_AVX2_INLINE void DotQ6_K(int64_t n, const void* w, const void* x, size_t stri
       }
     }
     const float dw = Fp16ToFp32(a[i].d);
+    const __m256i sc16 = I8ToI16x16(sc);
     for (int t = 0; t < C; ++t) {
       const BlockQ8_K* b = Row(x, stride, t, i);
-      int32_t off = 0;
-      for (int s = 0; s < 16; ++s) off += sc[s] * b->bsums[s];
-      const int32_t isum = HsumI32(sum[t]) - 32 * off;
+      const int32_t isum = HsumI32(sum[t]) - 32 * WeightedBsums16(sc16, b->bsums);
       acc[t] += dw * b->d * static_cast<float>(isum);
     }
   }
