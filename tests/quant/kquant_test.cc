@@ -282,3 +282,89 @@ TEST(KQuantTest, MatMulIsBatchInvariant) {
 
 }  // namespace
 }  // namespace specinfer
+
+#include "backend/cpu/cpu_runner.h"
+#include "kv/kv_cache.h"
+#include "model/random_model.h"
+
+namespace specinfer {
+namespace {
+
+// A whole model with K-quant weights (every K type somewhere, Gemma 3 switches on): one prompt
+// pass (multi-token kernels) and decoding the same tokens one at a time (single-token kernels)
+// give the same logits bit for bit, the property speculative greedy decoding relies on.
+TEST(KQuantTest, PromptPassEqualsIncrementalDecoding) {
+  ModelConfig c;
+  c.architecture = "gemma3";
+  c.dim = 256;
+  c.hidden_dim = 512;
+  c.n_layers = 3;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 64;
+  c.vocab_size = 64;
+  c.max_seq_len = 64;
+  c.rope_style = RopeStyle::kHalf;
+  c.ffn_activation = FfnActivation::kGeluTanh;
+  c.qk_norm = true;
+  c.post_norms = true;
+  c.embedding_scale = 16.0f;
+  c.sliding_window = 3;
+  c.sliding_layers = {1, 0, 1};
+  c.rope_theta_local = 100.0f;
+  ASSERT_TRUE(c.Validate().ok());
+  auto base = MakeRandomModel(c, 5);
+  ASSERT_TRUE(base.ok()) << base.status().ToString();
+  ModelWeights w = (*base)->weights();
+  std::mt19937 rng(11);
+  std::vector<std::vector<uint8_t>> storage;
+  int k = 0;
+  auto requant = [&](WeightMatrix& m) {
+    const DType t = kKTypes[k++ % 5];
+    storage.emplace_back();
+    for (int64_t r = 0; r < m.rows; ++r) {
+      const std::vector<uint8_t> row = RandomKRow(t, m.cols, rng);
+      storage.back().insert(storage.back().end(), row.begin(), row.end());
+    }
+    m = WeightMatrix{t, m.rows, m.cols, storage.back().data()};
+  };
+  // Every norm gain is needed by the switches: reuse attn_norm's (ones, head_dim of them fit).
+  for (LayerWeights& l : w.layers) {
+    for (WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) requant(*m);
+    l.q_norm = l.k_norm = WeightVector{l.attn_norm.data, c.head_dim};
+    l.post_attn_norm = l.post_ffn_norm = l.attn_norm;
+  }
+  w.output = w.token_embedding;
+  auto model = std::make_shared<Model>(c, w, "k-quant random");
+
+  CpuRunnerOptions o;
+  o.num_threads = 2;
+  o.kv_block_size = 4;
+  o.num_kv_blocks = 8;
+  auto runner = CpuModelRunner::Create(model, o);
+  ASSERT_TRUE(runner.ok()) << runner.status().ToString();
+  KvCacheManager kv(o.num_kv_blocks, o.kv_block_size);
+  const std::vector<int32_t> tokens = {1, 7, 33, 2, 60, 9, 9, 41, 5};
+  const int32_t n = static_cast<int32_t>(tokens.size());
+  std::vector<int32_t> rows(n);
+  for (int32_t i = 0; i < n; ++i) rows[i] = i;
+  const std::vector<float> all = testing::PromptLogits(**runner, kv, tokens, rows);
+  ASSERT_EQ(all.size(), size_t(n) * c.vocab_size);
+  SeqId s = kv.AddSequence();
+  ASSERT_TRUE(kv.Reserve(s, n).ok());
+  std::vector<float> step(c.vocab_size);
+  for (int32_t i = 0; i < n; ++i) {
+    ForwardBatch b;
+    const std::vector<int32_t> tok = {tokens[i]}, pos = {i};
+    b.AddSequence(s, tok, pos, i, nullptr);
+    b.logit_rows = {0};
+    ASSERT_TRUE((*runner)->Forward(b, kv, step).ok());
+    for (int32_t v = 0; v < c.vocab_size; ++v) {
+      ASSERT_TRUE(std::isfinite(step[v]));
+      ASSERT_EQ(Bits(step[v]), Bits(all[i * c.vocab_size + v])) << "step " << i << " token " << v;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace specinfer
