@@ -6,8 +6,9 @@
 //   |ours - reference| <= 1e-4 * max|reference| + 1e-5
 // (both float32; only the summation order differs). Decoding the same tokens one at a time must
 // give the prompt pass's logits bit for bit (the batch invariance speculative decoding relies on,
-// here through the sliding-window and soft-capping paths). Qwen3 and Gemma 3 also as GGUF files
-// written the way llama.cpp's converter writes them, through the GGUF loader.
+// here through the sliding-window and soft-capping paths). Llama 3 (rope_freqs tensor), Qwen3 and
+// Gemma 3 also as GGUF files written the way llama.cpp's converter writes them, through the GGUF
+// loader.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -114,7 +115,7 @@ TEST_P(ArchReference, MatchesTransformersLogits) {
 
 INSTANTIATE_TEST_SUITE_P(Families, ArchReference,
                          ::testing::Values("llama3", "qwen2", "qwen3", "mistral", "gemma2",
-                                           "gemma3", "qwen3.gguf", "gemma3.gguf"),
+                                           "gemma3", "llama3.gguf", "qwen3.gguf", "gemma3.gguf"),
                          [](const auto& info) {
                            std::string n = info.param;
                            if (n.find('.') != std::string::npos) n.replace(n.find('.'), 1, "_");

@@ -18,8 +18,9 @@ one causal pass (eager attention, float32). The families and what each exercises
            final logit soft-capping, query_pre_attn_scalar, alternating sliding layers
   gemma3   Gemma 2's norms and GeGLU plus QK-norm, sliding layers with their own RoPE base
            (rope_local_base_freq) interleaved with global ones, no soft-capping
-qwen3 and gemma3 are also written as GGUF (NAME/model.gguf, float32, as llama.cpp's
-convert_hf_to_gguf.py names and lays out the tensors: Gemma's norm gains stored as 1 + w;
+llama3, qwen3 and gemma3 are also written as GGUF (NAME/model.gguf, float32, as llama.cpp's
+convert_hf_to_gguf.py names and lays out the tensors: Llama's Q/K rows permuted and its RoPE
+scaling as the rope_freqs tensor; Gemma's norm gains stored as 1 + w;
 gemma3.rope.freq_base_swa and gemma3.attention.sliding_window_pattern = 3 carry the local RoPE
 base and the layer pattern), so the GGUF loader is checked against the same reference logits.
 All parameters are drawn N(0, 0.15^2) (norm gains too, so a (1 + w) slip shows), seeded.
@@ -28,6 +29,7 @@ Sizes: dim 32, 3 layers, vocab 96: about 150 KB per model.
 
 import argparse
 import json
+import math
 import os
 
 import gguf
@@ -77,7 +79,7 @@ def configs():
 
 def write_gguf(name, config, model, path):
     """The model as llama.cpp's converter would write it (float32 tensors, no tokenizer)."""
-    arch = {"qwen3": "qwen3", "gemma3": "gemma3"}[name]
+    arch = {"qwen3": "qwen3", "gemma3": "gemma3", "llama3": "llama"}[name]
     gemma = arch == "gemma3"
     w = gguf.GGUFWriter(path, arch)
     w.add_context_length(config.max_position_embeddings)
@@ -98,6 +100,31 @@ def write_gguf(name, config, model, path):
     else:
         w.add_rope_freq_base(rp["rope_theta"])
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    if arch == "llama":
+        # convert_hf_to_gguf.py's LlamaModel: Q/K rows permuted to the interleaved RoPE order,
+        # and Llama 3's scaling as the rope_freqs tensor of per-frequency divisors.
+        def permute(x, n_head):
+            return (x.reshape(n_head, 2, x.shape[0] // n_head // 2, *x.shape[1:])
+                    .swapaxes(1, 2).reshape(x.shape))
+        for i in range(config.num_hidden_layers):
+            p = f"model.layers.{i}.self_attn."
+            sd[p + "q_proj.weight"] = permute(sd[p + "q_proj.weight"], config.num_attention_heads)
+            sd[p + "k_proj.weight"] = permute(sd[p + "k_proj.weight"], config.num_key_value_heads)
+        base, dim = rp["rope_theta"], config.head_dim
+        freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+        factor, low, high = rp["factor"], rp["low_freq_factor"], rp["high_freq_factor"]
+        old = rp["original_max_position_embeddings"]
+        factors = []
+        for freq in freqs.tolist():
+            wavelen = 2 * math.pi / freq
+            if wavelen < old / high:
+                factors.append(1.0)
+            elif wavelen > old / low:
+                factors.append(factor)
+            else:
+                smooth = (old / wavelen - low) / (high - low)
+                factors.append(1 / ((1 - smooth) / factor + smooth))
+        w.add_tensor("rope_freqs.weight", np.array(factors, dtype=np.float32))
 
     def norm(k):
         return (sd[k] + 1.0).astype(np.float32) if gemma else sd[k]
@@ -113,8 +140,9 @@ def write_gguf(name, config, model, path):
         for src, dst in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"),
                          ("o_proj", "attn_output")):
             w.add_tensor(b + dst + ".weight", sd[p + "self_attn." + src + ".weight"])
-        w.add_tensor(b + "attn_q_norm.weight", norm(p + "self_attn.q_norm.weight"))
-        w.add_tensor(b + "attn_k_norm.weight", norm(p + "self_attn.k_norm.weight"))
+        if arch != "llama":
+            w.add_tensor(b + "attn_q_norm.weight", norm(p + "self_attn.q_norm.weight"))
+            w.add_tensor(b + "attn_k_norm.weight", norm(p + "self_attn.k_norm.weight"))
         for src, dst in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"),
                          ("down_proj", "ffn_down")):
             w.add_tensor(b + dst + ".weight", sd[p + "mlp." + src + ".weight"])
@@ -157,7 +185,7 @@ def main():
                        "torch_version": torch.__version__, "tokens": TOKENS,
                        "logits": [[float(v) for v in row] for row in logits]}, f)
             f.write("\n")
-        if name in ("qwen3", "gemma3"):
+        if name in ("qwen3", "gemma3", "llama3"):
             write_gguf(name, config, model, os.path.join(out, "model.gguf"))
         for extra in ("generation_config.json",):
             p = os.path.join(out, extra)
