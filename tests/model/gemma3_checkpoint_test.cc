@@ -47,7 +47,8 @@ int32_t Argmax(const float* v, int32_t n) {
 
 TEST(Gemma3Checkpoint, MatchesTransformers) {
   const std::string path = Gemma3Path();
-  if (path.empty()) GTEST_SKIP() << "gemma-3-270m-q4_k_m.gguf absent (scripts/fetch_model.sh gemma3)";
+  if (path.empty())
+    GTEST_SKIP() << "gemma-3-270m-q4_k_m.gguf absent (scripts/fetch_model.sh gemma3)";
   std::ifstream f(testing::SourcePath("tests/data/gemma3/reference.json"));
   ASSERT_TRUE(f) << "tests/data/gemma3/reference.json missing";
   const nlohmann::json ref = nlohmann::json::parse(f);
