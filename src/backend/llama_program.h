@@ -7,16 +7,19 @@
 //
 // Buffers named below belong to the Ops object: x [n, dim] the residual stream, xb [n, dim] the
 // normed input of a block, q/k/v/att the attention block's activations, gate/up [n, hidden].
+// The other decoder families (Qwen3, Mistral, Gemma 2/3) are switches of model/model_config.h that
+// change what a step computes, not the order of the steps; a backend that lacks a switch refuses
+// the model (ModelConfig::ExtendedFeatures).
 // An Ops type provides, for `layer` in [0, num_layers) of the layers this runner holds:
 //   Status Input();                       x = embedding of the tokens (or the previous stage's x)
 //   Status Norm(int32_t layer, LlamaNorm); xb = rmsnorm(x) * gain of that block
-//   Status ProjectQkv(int32_t layer);     q, k, v = xb W^T (+ bias)
+//   Status ProjectQkv(int32_t layer);     q, k, v = xb W^T (+ bias) (q, k per-head normed: qk_norm)
 //   Status RopeAndStoreKv(int32_t layer); rotate q and k; k, v into the layer's KV cache slots
 //   Status Attend(int32_t layer);         att = attention of q over the cache, as masked
-//   Status ProjectOutAdd(int32_t layer);  x += att Wo^T
+//   Status ProjectOutAdd(int32_t layer);  x += att Wo^T (normed first with post_norms)
 //   Status ProjectGateUp(int32_t layer);  gate, up = xb Wg^T, xb Wu^T
-//   Status SwiGlu();                      gate = silu(gate) * up
-//   Status ProjectDownAdd(int32_t layer); x += gate Wd^T
+//   Status SwiGlu();                      gate = act(gate) * up (SiLU, or GELU-tanh for Gemma)
+//   Status ProjectDownAdd(int32_t layer); x += gate Wd^T (normed first with post_norms)
 //   Status Output();                      final norm and classifier rows (or x to the next stage)
 #pragma once
 

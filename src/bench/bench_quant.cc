@@ -57,11 +57,23 @@ std::vector<uint8_t> RandomMatrix(DType t, int64_t rows, int64_t cols, std::mt19
   std::uniform_int_distribution<int> byte(0, 255);
   for (auto& b : m) b = static_cast<uint8_t>(byte(rng));
   const size_t bb = GetDTypeTraits(t).block_bytes;
+  // Byte offsets of the fp16 scale d and (where there is one) minimum of each block.
+  size_t d_off = 0, m_off = 0;
+  bool has_m = t == DType::kQ4_1 || t == DType::kQ5_1 || t == DType::kQ4_K || t == DType::kQ5_K;
+  if (t == DType::kQ4_1 || t == DType::kQ5_1 || t == DType::kQ4_K || t == DType::kQ5_K) m_off = 2;
+  if (t == DType::kQ2_K) d_off = 80, m_off = 82, has_m = true;
+  if (t == DType::kQ3_K) d_off = 108;
+  if (t == DType::kQ6_K) d_off = 208;
   for (size_t off = 0; off < m.size(); off += bb) {
     const uint16_t d = Fp32ToFp16(0.01f * (byte(rng) < 128 ? 1 : -1));
-    const uint16_t mn = Fp32ToFp16(-0.1f);
-    std::memcpy(m.data() + off, &d, 2);
-    if (t == DType::kQ4_1 || t == DType::kQ5_1) std::memcpy(m.data() + off + 2, &mn, 2);
+    const uint16_t mn = Fp32ToFp16(t == DType::kQ4_1 || t == DType::kQ5_1 ? -0.1f : 0.01f);
+    if (t == DType::kQ8_K) {
+      const float df = 0.01f;
+      std::memcpy(m.data() + off, &df, 4);
+      continue;
+    }
+    std::memcpy(m.data() + off + d_off, &d, 2);
+    if (has_m) std::memcpy(m.data() + off + m_off, &mn, 2);
   }
   return m;
 }
@@ -142,14 +154,15 @@ int main(int argc, char** argv) {
   double ms = 100;
   std::string types = "Q4_1,Q8_0,F32";
   app.add_option("--rows", rows, "weight rows (output features)")->check(CLI::PositiveNumber);
-  app.add_option("--cols", cols, "weight columns (input features; a multiple of 32)")
+  app.add_option("--cols", cols, "weight columns (input features; a multiple of the block size)")
       ->check(CLI::PositiveNumber);
   app.add_option("--runs", runs, "timed runs per case; the median is reported")
       ->check(CLI::PositiveNumber);
   app.add_option("--ms", ms, "approximate duration of one run, milliseconds")
       ->check(CLI::PositiveNumber);
   app.add_option("--types", types,
-                 "comma-separated weight types: F32,F16,BF16,Q8_0,Q4_0,Q4_1,Q5_0,Q5_1,Q8_1");
+                 "comma-separated weight types: F32,F16,BF16,Q8_0,Q4_0,Q4_1,Q5_0,Q5_1,Q8_1,"
+                 "Q2_K,Q3_K,Q4_K,Q5_K,Q6_K (--cols a multiple of 256 for these)");
   CLI11_PARSE(app, argc, argv);
 
   std::vector<DType> dtypes;

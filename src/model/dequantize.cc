@@ -41,6 +41,10 @@ StatusOr<std::unique_ptr<Model>> DequantizeToF32(const Model& m) {
     d.bq = vector(s.bq);
     d.bk = vector(s.bk);
     d.bv = vector(s.bv);
+    d.q_norm = vector(s.q_norm);
+    d.k_norm = vector(s.k_norm);
+    d.post_attn_norm = vector(s.post_attn_norm);
+    d.post_ffn_norm = vector(s.post_ffn_norm);
     d.ffn_norm = vector(s.ffn_norm);
     SI_ASSIGN_OR_RETURN(d.w_gate, matrix(s.w_gate, "w_gate"));
     SI_ASSIGN_OR_RETURN(d.w_down, matrix(s.w_down, "w_down"));

@@ -1,5 +1,6 @@
 #include "model/gguf_loader.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "model/llama_weights.h"
@@ -12,6 +13,40 @@ namespace {
 
 std::string Key(const std::string& arch, const char* suffix) { return arch + "." + suffix; }
 
+// Gemma 2/3's embedding scale, attention scale, soft-caps and sliding-window layers, as llama.cpp
+// sets them (several are not in the GGUF metadata: llama.cpp fixes them per architecture).
+Status GemmaSettings(const GgufFile& g, const std::string& arch, ModelConfig& c) {
+  c.embedding_scale = std::sqrt(static_cast<float>(c.dim));
+  // query_pre_attn_scalar: head_dim, except the 27B models (62 layers in Gemma 3, 46 in Gemma 2)
+  // which use dim / n_heads.
+  const bool big = (arch == "gemma3" && c.n_layers == 62) || (arch == "gemma2" && c.n_layers == 46);
+  if (big && c.n_heads > 0) c.attention_scale = 1.0f / std::sqrt(float(c.dim / c.n_heads));
+  SI_ASSIGN_OR_RETURN(c.sliding_window, g.GetI32(Key(arch, "attention.sliding_window"), 0));
+  // Sliding layers: llama.cpp's swa pattern (2 for Gemma 2, 6 for Gemma 3): layer i is local
+  // when i % pattern < pattern - 1; a GGUF may override the pattern.
+  int32_t pattern = arch == "gemma2" ? 2 : 6;
+  if (const GgufValue* v = g.Find(Key(arch, "attention.sliding_window_pattern"));
+      v != nullptr && v->is_integer()) {
+    SI_ASSIGN_OR_RETURN(pattern, v->AsInt<int32_t>());
+  }
+  if (pattern <= 0) return DataLossError("GGUF '" + g.path() + "': sliding_window_pattern " +
+                                         std::to_string(pattern));
+  if (c.sliding_window > 0) {
+    c.sliding_layers.resize(static_cast<size_t>(std::max(c.n_layers, 0)));
+    for (int32_t i = 0; i < c.n_layers; ++i) c.sliding_layers[i] = i % pattern < pattern - 1;
+  }
+  if (arch == "gemma3") {
+    // llama.cpp fixes Gemma 3's local base at 10000 (rope_freq_base_train_swa) unless the file
+    // states one.
+    SI_ASSIGN_OR_RETURN(c.rope_theta_local, g.GetF32(Key(arch, "rope.freq_base_swa"), 10000.0f));
+  }
+  if (arch == "gemma2") {
+    SI_ASSIGN_OR_RETURN(c.attn_softcap, g.GetF32(Key(arch, "attn_logit_softcapping"), 0.0f));
+    SI_ASSIGN_OR_RETURN(c.final_softcap, g.GetF32(Key(arch, "final_logit_softcapping"), 0.0f));
+  }
+  return Status::Ok();
+}
+
 StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g) {
   SI_ASSIGN_OR_RETURN(std::string_view arch_sv, g.GetString("general.architecture"));
   const std::string arch(arch_sv);
@@ -22,9 +57,19 @@ StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g) {
   } else if (arch == "qwen2") {
     c.rope_style = RopeStyle::kHalf;
     c.attention_bias = true;
+  } else if (arch == "qwen3") {
+    c.rope_style = RopeStyle::kHalf;
+    c.qk_norm = true;
+  } else if (arch == "gemma2" || arch == "gemma3") {
+    // As llama.cpp's llm_build_gemma2/3. The converter stores the norm gains as 1 + w, so every
+    // RMSNorm here is the plain one.
+    c.rope_style = RopeStyle::kHalf;
+    c.ffn_activation = FfnActivation::kGeluTanh;
+    c.post_norms = true;
+    c.qk_norm = arch == "gemma3";
   } else {
     return UnimplementedError("GGUF '" + g.path() + "': architecture '" + arch +
-                              "' is not supported (llama, qwen2)");
+                              "' is not supported (llama, qwen2, qwen3, gemma2, gemma3)");
   }
   SI_ASSIGN_OR_RETURN(c.n_layers, g.GetI32(Key(arch, "block_count")));
   SI_ASSIGN_OR_RETURN(c.dim, g.GetI32(Key(arch, "embedding_length")));
@@ -75,6 +120,9 @@ StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g) {
     c.vocab_size = static_cast<int32_t>(emb->dims[1]);
   }
   c.tied_output = g.FindTensor("output.weight") == nullptr;
+  if (arch == "gemma2" || arch == "gemma3") {
+    SI_RETURN_IF_ERROR(GemmaSettings(g, arch, c));
+  }
   Status valid = c.Validate();
   if (!valid.ok()) return valid.WithContext("GGUF '" + g.path() + "'");
   return c;
@@ -90,7 +138,9 @@ StatusOr<std::unique_ptr<Model>> ModelFromGguf(GgufFile& g) {
       "token_embd.weight", "output_norm.weight", "output.weight", "blk.",
       "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
       "attn_output.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias",
-      "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"};
+      "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
+      "attn_q_norm.weight", "attn_k_norm.weight", "post_attention_norm.weight",
+      "post_ffw_norm.weight"};
   const LlamaTensorReaders read{
       .matrix = [&g](const std::string& name, int64_t rows,
                      int64_t cols) { return g.GetWeightMatrix(name, rows, cols); },
@@ -153,6 +203,9 @@ StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromGguf(const GgufFile& g, int32_
     SI_ASSIGN_OR_RETURN(ids.unk_id, g.GetI32("tokenizer.ggml.unknown_token_id", 0));
     ids.bos_id = bos;
     ids.eos_id = eos;
+    if (g.Has("tokenizer.ggml.add_space_prefix")) {
+      SI_ASSIGN_OR_RETURN(ids.add_space_prefix, g.GetBool("tokenizer.ggml.add_space_prefix"));
+    }
     std::vector<Llama2cTokenizer::TokenType> ttypes;
     for (int32_t t : types) {
       if (t < 1 || t > 6) return DataLossError(where + ": token type " + std::to_string(t));

@@ -123,6 +123,15 @@ class WeightReader {
     return v;
   }
 
+  // Gemma's norm gains: stored as w, applied as (1 + w): 1 + w in an owned float32 buffer.
+  StatusOr<WeightVector> VectorPlusOne(const std::string& name, int64_t size) const {
+    SI_ASSIGN_OR_RETURN(WeightVector v, Vector(name, size));
+    float* out = model_.AllocateOwned(static_cast<size_t>(size));
+    for (int64_t i = 0; i < size; ++i) out[i] = 1.0f + v.data[i];
+    v.data = out;
+    return v;
+  }
+
  private:
   Status CheckType(const SafetensorsTensor& t) const {
     if (!t.dtype.has_value()) {
@@ -179,15 +188,93 @@ StatusOr<RopeScaling> ParseRopeScaling(const Json& s, const std::string& where) 
                             "' is not supported (default, linear, llama3)");
 }
 
+bool IsGemma(const std::string& model_type) {
+  return model_type == "gemma2" || model_type == "gemma3_text";
+}
+
+// RoPE base and scaling: transformers 4's "rope_theta" + "rope_scaling", or transformers 5's
+// "rope_parameters" ({"rope_theta", "rope_type", ...}, or one such object per layer type for
+// Gemma 3: "full_attention" and "sliding_attention").
+Status ParseRope(const ConfigReader& r, const std::string& where, ModelConfig& c) {
+  SI_ASSIGN_OR_RETURN(c.rope_theta, r.Float("rope_theta", 10000.0f));
+  if (const Json* s = r.Find("rope_scaling")) {
+    SI_ASSIGN_OR_RETURN(c.rope_scaling, ParseRopeScaling(*s, where));
+  }
+  SI_ASSIGN_OR_RETURN(float local, r.Float("rope_local_base_freq", 0.0f));
+  c.rope_theta_local = local;
+  const Json* p = r.Find("rope_parameters");
+  if (p == nullptr) return Status::Ok();
+  if (!p->is_object()) return InvalidArgumentError(where + ": rope_parameters is not an object");
+  const Json* full = p;
+  if (p->contains("full_attention") || p->contains("sliding_attention")) {
+    auto it = p->find("full_attention");
+    if (it == p->end()) return InvalidArgumentError(where + ": rope_parameters without "
+                                                    "full_attention");
+    full = &*it;
+    if (auto sl = p->find("sliding_attention"); sl != p->end()) {
+      ConfigReader lr(*sl, where + ": rope_parameters.sliding_attention");
+      SI_ASSIGN_OR_RETURN(std::string type, lr.String("rope_type", "default"));
+      if (type != "default")
+        return UnimplementedError(where + ": scaled RoPE on sliding layers is not supported");
+      SI_ASSIGN_OR_RETURN(c.rope_theta_local, lr.Float("rope_theta"));
+    }
+  }
+  ConfigReader fr(*full, where + ": rope_parameters");
+  SI_ASSIGN_OR_RETURN(c.rope_theta, fr.Float("rope_theta", c.rope_theta));
+  SI_ASSIGN_OR_RETURN(c.rope_scaling, ParseRopeScaling(*full, where));
+  return Status::Ok();
+}
+
+// Sliding-window layers: "layer_types" when given (transformers 5, Qwen, Gemma 3), else every
+// layer (Mistral), every other one from the first (Gemma 2) or all but every
+// sliding_window_pattern-th (Gemma 3, transformers 4). Needs c.n_layers.
+Status ParseSlidingWindow(const ConfigReader& r, const std::string& model_type,
+                          const std::string& where, ModelConfig& c) {
+  if (model_type == "qwen2" || model_type == "qwen3") {
+    SI_ASSIGN_OR_RETURN(bool sliding, r.Bool("use_sliding_window", false));
+    if (sliding) return UnimplementedError(where + ": sliding-window attention is not supported");
+    return Status::Ok();
+  }
+  if (model_type == "llama") return Status::Ok();
+  SI_ASSIGN_OR_RETURN(c.sliding_window, r.Int("sliding_window", 0));
+  if (c.sliding_window <= 0) {
+    c.sliding_window = 0;
+    return Status::Ok();
+  }
+  c.sliding_layers.assign(static_cast<size_t>(std::max(c.n_layers, 0)), 1);
+  if (const Json* types = r.Find("layer_types")) {
+    if (!types->is_array() || types->size() != c.sliding_layers.size())
+      return InvalidArgumentError(where + ": layer_types must list every layer");
+    for (size_t i = 0; i < types->size(); ++i) {
+      const Json& t = (*types)[i];
+      if (!t.is_string()) return InvalidArgumentError(where + ": layer_types holds a non-string");
+      const std::string name = t.get<std::string>();
+      if (name != "sliding_attention" && name != "full_attention")
+        return UnimplementedError(where + ": layer type '" + name + "' is not supported");
+      c.sliding_layers[i] = name == "sliding_attention";
+    }
+  } else if (model_type == "gemma2") {
+    for (int32_t i = 0; i < c.n_layers; ++i) c.sliding_layers[i] = i % 2 == 0;
+  } else if (model_type == "gemma3_text") {
+    SI_ASSIGN_OR_RETURN(int32_t pattern, r.Int("sliding_window_pattern", 6));
+    if (pattern <= 0) return InvalidArgumentError(where + ": sliding_window_pattern <= 0");
+    for (int32_t i = 0; i < c.n_layers; ++i) c.sliding_layers[i] = (i + 1) % pattern != 0;
+  }
+  return Status::Ok();
+}
+
 StatusOr<ModelConfig> ParseConfig(const Json& j, const std::string& where) {
   if (!j.is_object()) return InvalidArgumentError(where + " is not a JSON object");
   ConfigReader r(j, where);
   ModelConfig c;
   SI_ASSIGN_OR_RETURN(std::string model_type, r.String("model_type"));
-  if (model_type != "llama" && model_type != "qwen2") {
+  if (model_type != "llama" && model_type != "qwen2" && model_type != "qwen3" &&
+      model_type != "mistral" && !IsGemma(model_type)) {
     return UnimplementedError(where + ": model_type '" + model_type +
-                              "' is not supported (llama, qwen2)");
+                              "' is not supported (llama, mistral, qwen2, qwen3, gemma2, "
+                              "gemma3_text)");
   }
+  const bool gemma = IsGemma(model_type);
   c.architecture = model_type;
   c.rope_style = RopeStyle::kHalf;  // Hugging Face rotates half-split pairs; no permutation
   SI_ASSIGN_OR_RETURN(c.dim, r.Int("hidden_size"));
@@ -199,28 +286,43 @@ StatusOr<ModelConfig> ParseConfig(const Json& j, const std::string& where) {
   SI_ASSIGN_OR_RETURN(c.head_dim, r.Int("head_dim", default_head));
   SI_ASSIGN_OR_RETURN(c.vocab_size, r.Int("vocab_size"));
   SI_ASSIGN_OR_RETURN(c.max_seq_len, r.Int("max_position_embeddings"));
-  SI_ASSIGN_OR_RETURN(c.rope_theta, r.Float("rope_theta", 10000.0f));
   SI_ASSIGN_OR_RETURN(c.norm_eps, r.Float("rms_norm_eps"));
-  // transformers' LlamaConfig and Qwen2Config both default to untied embeddings.
-  SI_ASSIGN_OR_RETURN(bool tied, r.Bool("tie_word_embeddings", false));
+  // transformers' LlamaConfig and Qwen2Config default to untied embeddings, Gemma to tied.
+  SI_ASSIGN_OR_RETURN(bool tied, r.Bool("tie_word_embeddings", gemma));
   c.tied_output = tied;
   if (model_type == "qwen2") {
     c.attention_bias = true;  // Qwen2 always has q/k/v biases
-    SI_ASSIGN_OR_RETURN(bool sliding, r.Bool("use_sliding_window", false));
-    if (sliding) return UnimplementedError(where + ": sliding-window attention is not supported");
   } else {
     SI_ASSIGN_OR_RETURN(c.attention_bias, r.Bool("attention_bias", false));
     SI_ASSIGN_OR_RETURN(bool mlp_bias, r.Bool("mlp_bias", false));
     if (mlp_bias) return UnimplementedError(where + ": mlp_bias is not supported");
   }
-  SI_ASSIGN_OR_RETURN(std::string act, r.String("hidden_act", "silu"));
-  if (act != "silu")
-    return UnimplementedError(where + ": hidden_act '" + act + "' is not supported (silu)");
+  c.qk_norm = model_type == "qwen3" || model_type == "gemma3_text";
+  SI_ASSIGN_OR_RETURN(std::string act, r.String("hidden_act", gemma ? "gelu_pytorch_tanh"
+                                                                    : "silu"));
+  if (gemma) {
+    SI_ASSIGN_OR_RETURN(act, r.String("hidden_activation", act));
+  }
+  if (act == "gelu_pytorch_tanh") {
+    c.ffn_activation = FfnActivation::kGeluTanh;
+  } else if (act != "silu") {
+    return UnimplementedError(where + ": hidden_act '" + act +
+                              "' is not supported (silu, gelu_pytorch_tanh)");
+  }
   SI_ASSIGN_OR_RETURN(float partial, r.Float("partial_rotary_factor", 1.0f));
   if (partial != 1.0f)
     return UnimplementedError(where + ": partial rotary embedding is not supported");
-  if (const Json* s = r.Find("rope_scaling")) {
-    SI_ASSIGN_OR_RETURN(c.rope_scaling, ParseRopeScaling(*s, where));
+  SI_RETURN_IF_ERROR(ParseRope(r, where, c));
+  SI_RETURN_IF_ERROR(ParseSlidingWindow(r, model_type, where, c));
+  if (gemma) {
+    c.post_norms = true;
+    c.embedding_scale = static_cast<float>(std::sqrt(static_cast<double>(c.dim)));
+    SI_ASSIGN_OR_RETURN(float qpas, r.Float("query_pre_attn_scalar",
+                                            static_cast<float>(c.head_dim)));
+    if (!(qpas > 0.0f)) return InvalidArgumentError(where + ": query_pre_attn_scalar <= 0");
+    c.attention_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(qpas)));
+    SI_ASSIGN_OR_RETURN(c.attn_softcap, r.Float("attn_logit_softcapping", 0.0f));
+    SI_ASSIGN_OR_RETURN(c.final_softcap, r.Float("final_logit_softcapping", 0.0f));
   }
   Status valid = c.Validate();
   if (!valid.ok()) return valid.WithContext(where);
@@ -255,17 +357,26 @@ StatusOr<std::unique_ptr<Model>> ModelFromHfDirectory(const std::string& dir) {
   WeightReader r(*set, *model);
   // Names in LlamaTensorNames order: embedding, final norm, output, layer prefix; attention
   // (norm, q, k, v, o, q/k/v biases); feed-forward (norm, gate, up, down).
-  constexpr LlamaTensorNames kNames{
+  // Gemma names its pre-FFN norm pre_feedforward_layernorm and uses post_attention_layernorm for
+  // the attention block's output.
+  const bool gemma = IsGemma(c.architecture);
+  const LlamaTensorNames names{
       "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", "model.layers.",
       "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
       "self_attn.v_proj.weight", "self_attn.o_proj.weight", "self_attn.q_proj.bias",
-      "self_attn.k_proj.bias", "self_attn.v_proj.bias", "post_attention_layernorm.weight",
-      "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
+      "self_attn.k_proj.bias", "self_attn.v_proj.bias",
+      gemma ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight",
+      "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+      "self_attn.q_norm.weight", "self_attn.k_norm.weight", "post_attention_layernorm.weight",
+      "post_feedforward_layernorm.weight"};
   const LlamaTensorReaders read{
       .matrix = [&r](const std::string& name, int64_t rows,
                      int64_t cols) { return r.Matrix(name, rows, cols); },
-      .vector = [&r](const std::string& name, int64_t size) { return r.Vector(name, size); }};
-  SI_ASSIGN_OR_RETURN(ModelWeights w, ReadLlamaWeights(c, kNames, read));
+      // Gemma's vectors are all RMSNorm gains, applied as (1 + w).
+      .vector = [&r, gemma](const std::string& name, int64_t size) {
+        return gemma ? r.VectorPlusOne(name, size) : r.Vector(name, size);
+      }};
+  SI_ASSIGN_OR_RETURN(ModelWeights w, ReadLlamaWeights(c, names, read));
   model->set_weights(std::move(w));
   for (auto& file : set->ReleaseMappedFiles()) model->AdoptFile(std::move(file));
   return model;

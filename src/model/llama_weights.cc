@@ -28,6 +28,14 @@ StatusOr<ModelWeights> ReadLlamaWeights(const ModelConfig& c, const LlamaTensorN
       SI_ASSIGN_OR_RETURN(l.bk, read.vector(p + name(n.bk), kv));
       SI_ASSIGN_OR_RETURN(l.bv, read.vector(p + name(n.bv), kv));
     }
+    if (c.qk_norm) {
+      SI_ASSIGN_OR_RETURN(l.q_norm, read.vector(p + name(n.q_norm), c.head_dim));
+      SI_ASSIGN_OR_RETURN(l.k_norm, read.vector(p + name(n.k_norm), c.head_dim));
+    }
+    if (c.post_norms) {
+      SI_ASSIGN_OR_RETURN(l.post_attn_norm, read.vector(p + name(n.post_attn_norm), dim));
+      SI_ASSIGN_OR_RETURN(l.post_ffn_norm, read.vector(p + name(n.post_ffn_norm), dim));
+    }
     SI_ASSIGN_OR_RETURN(l.ffn_norm, read.vector(p + name(n.ffn_norm), dim));
     SI_ASSIGN_OR_RETURN(l.w_gate, read.matrix(p + name(n.w_gate), hidden, dim));
     SI_ASSIGN_OR_RETURN(l.w_up, read.matrix(p + name(n.w_up), hidden, dim));

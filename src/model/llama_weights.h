@@ -23,6 +23,8 @@ struct LlamaTensorNames {
   std::string_view token_embedding, final_norm, output;
   std::string_view layer_prefix;
   std::string_view attn_norm, wq, wk, wv, wo, bq, bk, bv, ffn_norm, w_gate, w_up, w_down;
+  // Read only when the config turns them on (qk_norm, post_norms); empty where a format has none.
+  std::string_view q_norm = {}, k_norm = {}, post_attn_norm = {}, post_ffn_norm = {};
 };
 
 struct LlamaTensorReaders {
@@ -35,7 +37,8 @@ struct LlamaTensorReaders {
 
 // Reads every weight of a Llama model with config `c`: the embedding, the final norm, the output
 // matrix (the embedding when c.tied_output), and per layer the attention (with biases when
-// c.attention_bias) and the feed-forward block. The first reader error passes through.
+// c.attention_bias, q/k norms with c.qk_norm) and the feed-forward block (post-norms of both
+// blocks with c.post_norms). The first reader error passes through.
 StatusOr<ModelWeights> ReadLlamaWeights(const ModelConfig& c, const LlamaTensorNames& names,
                                         const LlamaTensorReaders& read);
 

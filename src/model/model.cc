@@ -21,6 +21,7 @@ void Model::Prefault(const std::function<void(double)>& progress) const {
 std::shared_ptr<Model> Model::FirstLayers(std::shared_ptr<const Model> base, int32_t n_layers) {
   ModelConfig config = base->config();
   config.n_layers = n_layers;
+  if (!config.sliding_layers.empty()) config.sliding_layers.resize(static_cast<size_t>(n_layers));
   ModelWeights weights = base->weights();
   weights.layers.resize(static_cast<size_t>(n_layers));
   auto view = std::make_shared<Model>(std::move(config), std::move(weights),
@@ -40,7 +41,8 @@ size_t Model::WeightBytes() const {
   for (const LayerWeights& l : weights_.layers) {
     for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_down, &l.w_up})
       total += MatrixBytes(*m);
-    total += (l.attn_norm.size + l.ffn_norm.size + l.bq.size + l.bk.size + l.bv.size) * 4;
+    total += (l.attn_norm.size + l.ffn_norm.size + l.bq.size + l.bk.size + l.bv.size +
+              l.q_norm.size + l.k_norm.size + l.post_attn_norm.size + l.post_ffn_norm.size) * 4;
   }
   return total + weights_.final_norm.size * 4;
 }

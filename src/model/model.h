@@ -22,6 +22,8 @@ struct LayerWeights {
   WeightMatrix wv;         // [kv_dim, dim]
   WeightMatrix wo;         // [dim, q_dim]
   WeightVector bq, bk, bv;  // [q_dim], [kv_dim], [kv_dim]; empty unless attention_bias
+  WeightVector q_norm, k_norm;  // [head_dim] each; empty unless qk_norm
+  WeightVector post_attn_norm, post_ffn_norm;  // [dim] each; empty unless post_norms
   WeightVector ffn_norm;   // [dim]
   WeightMatrix w_gate;     // [hidden, dim]   (llama2.c w1)
   WeightMatrix w_down;     // [dim, hidden]   (llama2.c w2)

@@ -91,6 +91,32 @@ std::vector<float> RopeInvFrequencies(const ModelConfig& c) {
   return inv;
 }
 
+std::vector<float> RopeInvFrequenciesLocal(const ModelConfig& c) {
+  if (c.rope_theta_local == 0.0f) return RopeInvFrequencies(c);
+  ModelConfig local;
+  local.head_dim = c.head_dim;
+  local.rope_theta = c.rope_theta_local;
+  return RopeInvFrequencies(local);
+}
+
+float ModelConfig::AttentionScale() const {
+  if (attention_scale != 0.0f) return attention_scale;
+  return 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
+
+std::vector<std::string> ModelConfig::ExtendedFeatures() const {
+  std::vector<std::string> f;
+  if (ffn_activation != FfnActivation::kSilu) f.push_back("gelu_tanh");
+  if (embedding_scale != 1.0f) f.push_back("embedding_scale");
+  if (qk_norm) f.push_back("qk_norm");
+  if (post_norms) f.push_back("post_norms");
+  if (attention_scale != 0.0f) f.push_back("attention_scale");
+  if (attn_softcap != 0.0f || final_softcap != 0.0f) f.push_back("softcap");
+  if (sliding_window > 0) f.push_back("sliding_window");
+  if (rope_theta_local != 0.0f) f.push_back("rope_theta_local");
+  return f;
+}
+
 Status ModelConfig::Validate() const {
   auto bad = [](const std::string& what) {
     return DataLossError("model header has an impossible value: " + what);
@@ -116,6 +142,19 @@ Status ModelConfig::Validate() const {
     return bad("rope_theta=" + std::to_string(rope_theta));
   if (!(norm_eps > 0.0f) || norm_eps > 1.0f) return bad("norm_eps=" + std::to_string(norm_eps));
   SI_RETURN_IF_ERROR(rope_scaling.Validate());
+  if (!std::isfinite(embedding_scale) || !(embedding_scale > 0.0f))
+    return bad("embedding_scale=" + Num(embedding_scale));
+  if (!std::isfinite(attention_scale) || attention_scale < 0.0f)
+    return bad("attention_scale=" + Num(attention_scale));
+  if (!std::isfinite(attn_softcap) || attn_softcap < 0.0f || !std::isfinite(final_softcap) ||
+      final_softcap < 0.0f)
+    return bad("softcap " + Num(attn_softcap) + " / " + Num(final_softcap));
+  if (sliding_window < 0) return bad("sliding_window=" + std::to_string(sliding_window));
+  if (!sliding_layers.empty() && sliding_layers.size() != static_cast<size_t>(n_layers))
+    return bad("sliding_layers has " + std::to_string(sliding_layers.size()) + " entries for " +
+               std::to_string(n_layers) + " layers");
+  if (!std::isfinite(rope_theta_local) || rope_theta_local < 0.0f)
+    return bad("rope_theta_local=" + Num(rope_theta_local));
   if (!rope_freq_factors.empty()) {
     if (rope_freq_factors.size() != static_cast<size_t>(head_dim / 2))
       return bad("rope_freq_factors has " + std::to_string(rope_freq_factors.size()) +
@@ -138,6 +177,10 @@ std::string ModelConfig::ToString() const {
                                                     : "")
     << (rope_freq_factors.empty() ? "" : " rope_freq_factors")
     << (tied_output ? " tied" : "");
+  for (const std::string& f : ExtendedFeatures()) {
+    s << " " << f;
+    if (f == "sliding_window") s << "=" << sliding_window;
+  }
   return s.str();
 }
 

@@ -35,6 +35,12 @@ struct RopeScaling {
   std::string ToString() const;
 };
 
+// The feed-forward block's gate activation: gate = act(x Wg^T) * (x Wu^T).
+enum class FfnActivation : uint8_t {
+  kSilu,      // SwiGLU (Llama, Qwen, Mistral)
+  kGeluTanh,  // GeGLU with the tanh approximation of GELU (Gemma: gelu_pytorch_tanh)
+};
+
 struct ModelConfig {
   std::string architecture = "llama";
   int32_t dim = 0;         // hidden size
@@ -56,6 +62,30 @@ struct ModelConfig {
   // Applied on top of rope_scaling.
   std::vector<float> rope_freq_factors;
 
+  // Switches of the Llama program for the other decoder families (all off: plain Llama).
+  FfnActivation ffn_activation = FfnActivation::kSilu;
+  // Token embeddings are multiplied by this (Gemma: sqrt(dim), rounded to float32).
+  float embedding_scale = 1.0f;
+  // Per-head RMSNorm of q and k (weights [head_dim] per layer) after the projections, before
+  // RoPE (Qwen3, Gemma 3).
+  bool qk_norm = false;
+  // RMSNorm of the attention block's and the feed-forward block's outputs before each residual
+  // add (Gemma 2/3: post_attention_norm, post_feedforward_norm).
+  bool post_norms = false;
+  // Attention scores are q.k * attention_scale; 0 means 1 / sqrt(head_dim).
+  float attention_scale = 0.0f;
+  // Soft-capping (Gemma 2): scores = cap * tanh(scores / cap), logits likewise. 0: none.
+  float attn_softcap = 0.0f;
+  float final_softcap = 0.0f;
+  // Sliding-window attention: layers with sliding_layers[i] != 0 see only the keys at positions
+  // p with query_pos - p < sliding_window (Mistral: every layer; Gemma 2/3: interleaved with
+  // global layers). Empty, or sliding_window 0: every layer is global.
+  int32_t sliding_window = 0;
+  std::vector<uint8_t> sliding_layers;  // [n_layers]
+  // RoPE base of the sliding-window layers (Gemma 3's rope_local_base_freq), unscaled; 0: the
+  // same frequencies as the global layers.
+  float rope_theta_local = 0.0f;
+
   int32_t kv_dim() const { return n_kv_heads * head_dim; }
   int32_t q_dim() const { return n_heads * head_dim; }
 
@@ -64,6 +94,15 @@ struct ModelConfig {
   Status Validate() const;
 
   std::string ToString() const;
+
+  bool IsSlidingLayer(int32_t layer) const {
+    return sliding_window > 0 && layer >= 0 && static_cast<size_t>(layer) < sliding_layers.size() &&
+           sliding_layers[layer] != 0;
+  }
+  float AttentionScale() const;
+  // The names of the switches above that `c` turns on ("qk_norm", "post_norms", ...), for
+  // backends that implement only the plain Llama program to refuse the model by name.
+  std::vector<std::string> ExtendedFeatures() const;
 };
 
 // The head_dim / 2 rotary inverse frequencies of `c`, scaling included: the one place they are
@@ -72,5 +111,8 @@ struct ModelConfig {
 // _compute_llama3_parameters); then / rope_freq_factors[i] when present.
 // Assumes c.Validate() passed (head_dim even and positive).
 std::vector<float> RopeInvFrequencies(const ModelConfig& c);
+// The inverse frequencies of the sliding-window layers: those of rope_theta_local without
+// scaling, or RopeInvFrequencies(c) when rope_theta_local is 0.
+std::vector<float> RopeInvFrequenciesLocal(const ModelConfig& c);
 
 }  // namespace specinfer

@@ -95,7 +95,7 @@ Llama2cTokenizer::Llama2cTokenizer(std::vector<std::string> pieces, std::vector<
         break;
     }
   }
-  has_dummy_prefix_ = Lookup(" ") >= 0;
+  has_dummy_prefix_ = ids_.add_space_prefix && Lookup(" ") >= 0;
 }
 
 StatusOr<std::unique_ptr<Llama2cTokenizer>> Llama2cTokenizer::FromVocab(

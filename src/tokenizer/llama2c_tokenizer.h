@@ -5,7 +5,8 @@
 // as SentencePiece (tests/tokenizer/llama2c_tokenizer_test.cc checks this against ids produced by
 // the sentencepiece library itself):
 //   1. BOS first when asked.
-//   2. If the text is non-empty, a dummy prefix " " is put before it (only if " " is a piece).
+//   2. If the text is non-empty, a dummy prefix " " is put before it (only if " " is a piece and
+//      SpecialIds::add_space_prefix).
 //   3. The text is split into UTF-8 code points; a byte that is not part of a complete, valid
 //      sequence (invalid lead, stray continuation, overlong, surrogate, > U+10FFFF, truncated)
 //      is a unit of its own. Each unit whose bytes are a piece becomes that piece; any other unit
@@ -70,6 +71,9 @@ class Llama2cTokenizer final : public Tokenizer {
     int32_t unk_id = 0;
     int32_t bos_id = 1;
     int32_t eos_id = 2;
+    // False: no dummy prefix even when " " is a piece (GGUF tokenizer.ggml.add_space_prefix =
+    // false, as in Gemma's vocabulary).
+    bool add_space_prefix = true;
   };
 
   // Largest piece length Load accepts (llama2.c's max_token_length is 27 for Llama 2).

@@ -16,6 +16,7 @@
 #include "cuda_test_util.h"
 #include "engine/engine.h"
 #include "model/dequantize.h"
+#include "model/hf_loader.h"
 #include "model/loader.h"
 #include "model/random_model.h"
 #include "spec/token_tree.h"
@@ -393,6 +394,44 @@ TEST(CudaRunner, RandomDeviceWeightsRun) {
     for (float v : logits) ASSERT_TRUE(std::isfinite(v));
     kv.RemoveSequence(s);
   }
+}
+
+}  // namespace
+}  // namespace specinfer
+
+namespace specinfer {
+namespace {
+
+// What the CUDA backend does not implement is refused by name when the runner is created, never
+// computed wrongly: the Gemma/Qwen3/Mistral switches of the layer program, and K-quant weights.
+TEST(CudaRunner, UnsupportedArchitecturesAndKQuantsAreRefused) {
+  for (const char* name : {"gemma3", "gemma2", "qwen3", "mistral"}) {
+    auto m = ModelFromHfDirectory(testing::SourcePath(std::string("tests/data/arch/") + name));
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    CudaRunnerOptions o;
+    o.num_kv_blocks = 4;
+    auto r = CudaModelRunner::Create(std::shared_ptr<const Model>(std::move(m).value()), o);
+    ASSERT_FALSE(r.ok()) << name;
+    EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented) << r.status().ToString();
+    EXPECT_NE(r.status().ToString().find(name == std::string("gemma2") ? "softcap"
+                                         : name == std::string("mistral") ? "sliding_window"
+                                                                          : "qk_norm"),
+              std::string::npos)
+        << r.status().ToString();
+  }
+  // A plain Llama whose wq is Q4_K.
+  auto m = ModelFromHfDirectory(testing::SourcePath("tests/data/arch/llama3"));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ModelWeights w = (*m)->weights();
+  std::vector<uint8_t> q4k(RowBytes(DType::kQ4_K, 256) * w.layers[0].wq.rows);
+  const ModelConfig c = (*m)->config();
+  // (refused on its type, before any shape is looked at)
+  w.layers[0].wq = WeightMatrix{DType::kQ4_K, w.layers[0].wq.rows, 256, q4k.data()};
+  CudaRunnerOptions o;
+  o.num_kv_blocks = 4;
+  auto r = CudaModelRunner::Create(std::make_shared<Model>(c, w, "q4_k"), o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented) << r.status().ToString();
 }
 
 }  // namespace

@@ -738,8 +738,8 @@ TEST(HfLoader, BadConfigsAreCleanErrors) {
        "rms_norm_eps"},
       {"string tie", [](Json& j) { j["tie_word_embeddings"] = "yes"; },
        StatusCode::kInvalidArgument, "tie_word_embeddings"},
-      {"model_type", [](Json& j) { j["model_type"] = "mistral"; }, StatusCode::kUnimplemented,
-       "mistral"},
+      {"model_type", [](Json& j) { j["model_type"] = "mixtral"; }, StatusCode::kUnimplemented,
+       "mixtral"},
       {"rope_scaling",
        [](Json& j) {
          j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 8}};

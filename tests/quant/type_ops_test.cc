@@ -14,8 +14,10 @@ namespace {
 TEST(TypeOpsTest, SupportedTypes) {
   for (size_t i = 0; i < static_cast<size_t>(DType::kCount); ++i) {
     const DType t = static_cast<DType>(i);
-    const bool want = std::count(testing::SupportedWeightTypes().begin(),
-                                 testing::SupportedWeightTypes().end(), t) > 0;
+    const bool k_quant = t == DType::kQ2_K || t == DType::kQ3_K || t == DType::kQ4_K ||
+                         t == DType::kQ5_K || t == DType::kQ6_K || t == DType::kQ8_K;
+    const bool want = k_quant || std::count(testing::SupportedWeightTypes().begin(),
+                                            testing::SupportedWeightTypes().end(), t) > 0;
     EXPECT_EQ(cpu::GetTypeOps(t) != nullptr, want) << DTypeName(t);
     EXPECT_EQ(cpu::GetTypeOpsForIsa(t, cpu::KernelIsa::kScalar) != nullptr, want) << DTypeName(t);
   }

@@ -87,6 +87,22 @@ void SwiGluScalar(float* gate, const float* up, int64_t n) {
   }
 }
 
+}  // namespace
+
+void GeGluTanh(float* gate, const float* up, int64_t n) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    gate[i] = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * up[i];
+  }
+}
+
+void SoftCap(float* x, int64_t n, float cap) {
+  if (cap == 0.0f) return;
+  for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
+}
+
+namespace {
 float DotScalar(const float* a, const float* b, int64_t n) {
   float s = 0.0f;
   for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
@@ -512,14 +528,21 @@ void Axpy(float alpha, const float* x, float* y, int64_t n) { Kernels().axpy(alp
 void AttendKvHead(const BatchSequence& s, int32_t i, std::span<const int32_t> table,
                   int32_t block_size, const float* keys, const float* values, int64_t slot_stride,
                   const float* q, int32_t group, int32_t head_dim, float scale,
-                  std::vector<int32_t>& visible, std::vector<float>& scores, float* out) {
+                  std::vector<int32_t>& visible, std::vector<float>& scores, float* out,
+                  int32_t qpos, int32_t sliding_window, float softcap) {
   const int32_t bs = block_size;
   visible.clear();
-  for (int32_t p = 0; p < s.kv_prefix; ++p) visible.push_back(p);
+  // Sliding window: key position p is seen when qpos - p < sliding_window. Committed entry p sits
+  // at position p; the k-th entry this token sees after the prefix is its ancestor at depth k
+  // (a chain or a tree laid out with positions by depth), at position kv_prefix + k.
+  const int32_t first = sliding_window > 0 ? std::max(0, qpos - sliding_window + 1) : 0;
+  for (int32_t p = std::min(first, s.kv_prefix); p < s.kv_prefix; ++p) visible.push_back(p);
   const int32_t window = s.masked_kv + s.token_count;
+  int32_t k = 0;
   for (int32_t j = 0; j < window; ++j) {
     const bool sees = s.mask ? s.mask->Get(i, j) : j <= i;
-    if (sees) visible.push_back(s.kv_prefix + j);
+    if (!sees) continue;
+    if (s.kv_prefix + k++ >= first) visible.push_back(s.kv_prefix + j);
   }
   const int64_t nv = static_cast<int64_t>(visible.size());
   if (scores.size() < static_cast<size_t>(nv)) scores.resize(nv);
@@ -530,7 +553,10 @@ void AttendKvHead(const BatchSequence& s, int32_t i, std::span<const int32_t> ta
     if (scores.size() < static_cast<size_t>(nv * group)) scores.resize(nv * group);
     const GroupKernels& gk = kern.group64[group];
     gk.dot(q, keys, visible.data(), nv, slot_stride, scale, scores.data());
-    for (int32_t g = 0; g < group; ++g) kern.softmax(scores.data() + g * nv, nv);
+    for (int32_t g = 0; g < group; ++g) {
+      SoftCap(scores.data() + g * nv, nv, softcap);
+      kern.softmax(scores.data() + g * nv, nv);
+    }
     std::fill_n(out, static_cast<int64_t>(group) * head_dim, 0.0f);
     gk.axpy(scores.data(), values, visible.data(), nv, slot_stride, out);
     return;
@@ -538,6 +564,7 @@ void AttendKvHead(const BatchSequence& s, int32_t i, std::span<const int32_t> ta
   for (int32_t g = 0; g < group; ++g) {
     const float* qh = q + static_cast<int64_t>(g) * head_dim;
     kern.dot_rows(qh, keys, visible.data(), nv, slot_stride, head_dim, scale, scores.data());
+    SoftCap(scores.data(), nv, softcap);
     kern.softmax(scores.data(), nv);
     float* oh = out + static_cast<int64_t>(g) * head_dim;
     std::fill_n(oh, head_dim, 0.0f);

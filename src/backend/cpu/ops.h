@@ -42,6 +42,13 @@ void Softmax(float* x, int64_t n);
 // element's value depends on its inputs only (not on n or i).
 void SwiGlu(float* gate, const float* up, int64_t n);
 
+// gate[i] = gelu_tanh(gate[i]) * up[i], for i < n (GeGLU; GELU's tanh approximation, as
+// PyTorch's gelu(approximate="tanh") and ggml_gelu).
+void GeGluTanh(float* gate, const float* up, int64_t n);
+
+// In place: x[i] = cap * tanh(x[i] / cap), for i < n; nothing when cap is 0 (Gemma 2).
+void SoftCap(float* x, int64_t n, float cap);
+
 // Attention's inner loops: sum_i a[i] * b[i], and y[i] += alpha * x[i], for i < n. AVX2 (8 lanes,
 // fused multiply-add) where the CPU has it, scalar otherwise. The summation order depends only on
 // n, never on the batch, so a token's attention is the same in every batch.
@@ -54,11 +61,14 @@ void Axpy(float alpha, const float* x, float* y, int64_t n);
 // table[p / block_size] * block_size + p % block_size; its key and value are at
 // keys + slot * slot_stride and values + slot * slot_stride ([head_dim] each).
 //   q: [group, head_dim], out: [group, head_dim].
+// With sliding_window > 0, only keys at positions p with qpos - p < sliding_window are seen
+// (qpos: the token's rotary position); scores are soft-capped by `softcap` when it is not 0.
 // `visible` and `scores` are scratch. Used by every CPU runner (whole model and TP shards), so
 // a token's attention is bit-identical whichever computes it.
 void AttendKvHead(const BatchSequence& s, int32_t i, std::span<const int32_t> table,
                   int32_t block_size, const float* keys, const float* values, int64_t slot_stride,
                   const float* q, int32_t group, int32_t head_dim, float scale,
-                  std::vector<int32_t>& visible, std::vector<float>& scores, float* out);
+                  std::vector<int32_t>& visible, std::vector<float>& scores, float* out,
+                  int32_t qpos = 0, int32_t sliding_window = 0, float softcap = 0.0f);
 
 }  // namespace specinfer::cpu

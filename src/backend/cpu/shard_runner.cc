@@ -86,6 +86,8 @@ StatusOr<std::unique_ptr<CpuShardRunner>> CpuShardRunner::Create(
                                     : static_cast<int>(
                                           std::max(1u, std::thread::hardware_concurrency())));
   r->rope_ = cpu::RopeTable(RopeInvFrequencies(c), std::min(c.max_seq_len, 1 << 16));
+  if (c.rope_theta_local != 0.0f)
+    r->rope_local_ = cpu::RopeTable(RopeInvFrequenciesLocal(c), std::min(c.max_seq_len, 1 << 16));
   r->layers_ = SplitEvenly(c.n_layers, layout.num_stages, layout.stage);
   r->vocab_ = SplitEvenly(c.vocab_size, layout.tp_size, layout.tp_rank);
   const int32_t T = layout.tp_size;
@@ -111,6 +113,10 @@ StatusOr<std::unique_ptr<CpuShardRunner>> CpuShardRunner::Create(
     const LayerWeights& l = w.layers[li];
     for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_down, &l.w_up})
       SI_RETURN_IF_ERROR(CheckType(*m, "layer weight").WithContext("layer " + std::to_string(li)));
+    if ((c.qk_norm && (l.q_norm.data == nullptr || l.k_norm.data == nullptr)) ||
+        (c.post_norms && (l.post_attn_norm.data == nullptr || l.post_ffn_norm.data == nullptr)))
+      return InvalidArgumentError("layer " + std::to_string(li) +
+                                  " is missing its q/k norm or post-norm weights");
     LayerShard s;
     SI_ASSIGN_OR_RETURN(s.wq, cpu::CpuMatrix::Prepare(Rows(l.wq, r->q_cols_[me])));
     SI_ASSIGN_OR_RETURN(s.wk, cpu::CpuMatrix::Prepare(Rows(l.wk, kv_cols)));
@@ -206,6 +212,9 @@ class CpuShardRunner::Pass {
       for (int64_t t = b; t < e; ++t)
         cpu::GetRow(w_.token_embedding, batch_.tokens[t], &r_.x_[t * dim]);
     }, 1);
+    if (c_.embedding_scale != 1.0f) {
+      for (int64_t i = 0; i < n_ * dim; ++i) r_.x_[i] *= c_.embedding_scale;
+    }
     return Status::Ok();
   }
 
@@ -226,17 +235,35 @@ class CpuShardRunner::Pass {
     AddBias(r_.q_.data(), s.bq, n_, qd_);
     AddBias(r_.k_.data(), s.bk, n_, kvd_);
     AddBias(r_.v_.data(), s.bv, n_, kvd_);
+    if (c_.qk_norm) {
+      // Per-head RMSNorm of q and k (Qwen3, Gemma 3), before RoPE.
+      const LayerWeights& l = w_.layers[r_.layers_.begin + layer];
+      const int32_t hd = c_.head_dim;
+      for (int64_t t = 0; t < n_; ++t) {
+        for (int32_t h = 0; h < hq_; ++h) {
+          float* v = &r_.q_[t * qd_ + static_cast<int64_t>(h) * hd];
+          cpu::RmsNorm(v, l.q_norm.data, v, hd, c_.norm_eps);
+        }
+        for (int32_t h = 0; h < hk_; ++h) {
+          float* v = &r_.k_[t * kvd_ + static_cast<int64_t>(h) * hd];
+          cpu::RmsNorm(v, l.k_norm.data, v, hd, c_.norm_eps);
+        }
+      }
+    }
     return Status::Ok();
   }
 
   Status RopeAndStoreKv(int32_t layer) {
     const int32_t bsz = r_.kv_block_size_;
+    const bool local = c_.rope_theta_local != 0.0f &&
+                       c_.IsSlidingLayer(static_cast<int32_t>(r_.layers_.begin + layer));
+    const cpu::RopeTable& rope = local ? r_.rope_local_ : r_.rope_;
     for (size_t si = 0; si < batch_.seqs.size(); ++si) {
       const BatchSequence& bs = batch_.seqs[si];
       for (int32_t i = 0; i < bs.token_count; ++i) {
         const int64_t t = bs.token_begin + i;
-        r_.rope_.Apply(&r_.q_[t * qd_], hq_, batch_.positions[t], c_.rope_style);
-        r_.rope_.Apply(&r_.k_[t * kvd_], hk_, batch_.positions[t], c_.rope_style);
+        rope.Apply(&r_.q_[t * qd_], hq_, batch_.positions[t], c_.rope_style);
+        rope.Apply(&r_.k_[t * kvd_], hk_, batch_.positions[t], c_.rope_style);
         const int32_t p = bs.kv_prefix + bs.masked_kv + i;
         const int64_t slot = static_cast<int64_t>(tables_[si][p / bsz]) * bsz + p % bsz;
         std::copy_n(&r_.k_[t * kvd_], kvd_, r_.KeyAt(layer, slot));
@@ -250,7 +277,10 @@ class CpuShardRunner::Pass {
   Status Attend(int32_t layer) {
     const int32_t head_dim = c_.head_dim;
     const int32_t group = c_.n_heads / c_.n_kv_heads;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    const float scale = c_.AttentionScale();
+    const int32_t window =
+        c_.IsSlidingLayer(static_cast<int32_t>(r_.layers_.begin + layer)) ? c_.sliding_window : 0;
+    const float softcap = c_.attn_softcap;
     const int32_t bsz = r_.kv_block_size_;
     const int32_t hk = hk_;
     const int64_t qd = qd_;
@@ -286,7 +316,7 @@ class CpuShardRunner::Pass {
                           r_.KeyAt(layer, 0) + static_cast<int64_t>(kvh) * head_dim,
                           r_.ValueAt(layer, 0) + static_cast<int64_t>(kvh) * head_dim, r_.kv_dim_,
                           q + t * qd + head0, group, head_dim, scale, visible, scores,
-                          out + t * qd + head0);
+                          out + t * qd + head0, batch_.positions[t], window, softcap);
       }
     }, grain);
     return Status::Ok();
@@ -295,7 +325,7 @@ class CpuShardRunner::Pass {
   Status ProjectOutAdd(int32_t layer) {
     SI_RETURN_IF_ERROR(r_.Gather(group_, r_.att_.data(), n_, r_.q_cols_, att_full_));
     cpu::MatMul(r_.shards_[layer].wo, att_full_, n_, part_, *r_.pool_, r_.act_scratch_, inv_);
-    return GatherAndAdd();
+    return GatherAndAdd(w_.layers[r_.layers_.begin + layer].post_attn_norm);
   }
 
   Status ProjectGateUp(int32_t layer) {
@@ -306,6 +336,10 @@ class CpuShardRunner::Pass {
   }
 
   Status SwiGlu() {
+    if (c_.ffn_activation == FfnActivation::kGeluTanh) {
+      cpu::GeGluTanh(r_.gate_.data(), r_.up_.data(), n_ * hid_);
+      return Status::Ok();
+    }
     cpu::SwiGlu(r_.gate_.data(), r_.up_.data(), n_ * hid_);
     return Status::Ok();
   }
@@ -314,7 +348,7 @@ class CpuShardRunner::Pass {
     SI_RETURN_IF_ERROR(r_.Gather(group_, r_.gate_.data(), n_, r_.hidden_rows_, ffn_full_));
     cpu::MatMul(r_.shards_[layer].w_down, ffn_full_, n_, part_, *r_.pool_, r_.act_scratch_,
                 inv_);
-    return GatherAndAdd();
+    return GatherAndAdd(w_.layers[r_.layers_.begin + layer].post_ffn_norm);
   }
 
   // Final norm and this rank's vocabulary rows, for the rows whose logits are wanted.
@@ -329,15 +363,22 @@ class CpuShardRunner::Pass {
                    dim, c_.norm_eps);
     cpu::MatMul(r_.output_, r_.final_.data(), m, logits_.data(), *r_.pool_, r_.act_scratch_,
                 inv_);
+    cpu::SoftCap(logits_.data(), m * r_.output_.rows, c_.final_softcap);
     return Status::Ok();
   }
 
  private:
-  // xb = all-gather of this rank's rows of a dim-wide product; x += xb (redundant on every rank).
-  Status GatherAndAdd() {
+  // xb = all-gather of this rank's rows of a dim-wide product; xb = rmsnorm(xb) * post_norm when
+  // the model has post-norms (Gemma); x += xb (redundant on every rank).
+  Status GatherAndAdd(const WeightVector& post_norm) {
     SI_RETURN_IF_ERROR(r_.Gather(group_, part_, n_, r_.dim_rows_, r_.xb_.data()));
     float* x = r_.x_.data();
-    const float* xb = r_.xb_.data();
+    float* xb = r_.xb_.data();
+    if (c_.post_norms) {
+      const int64_t dim = c_.dim;
+      for (int64_t t = 0; t < n_; ++t)
+        cpu::RmsNorm(&xb[t * dim], post_norm.data, &xb[t * dim], dim, c_.norm_eps);
+    }
     for (int64_t i = 0; i < n_ * c_.dim; ++i) x[i] += xb[i];
     return Status::Ok();
   }

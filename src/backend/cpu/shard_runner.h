@@ -127,6 +127,7 @@ class CpuShardRunner {
   CollectiveLayout layout_;
   std::shared_ptr<ThreadPool> pool_;
   cpu::RopeTable rope_;
+  cpu::RopeTable rope_local_;  // sliding-window layers with their own RoPE base (Gemma 3)
   ShardRange layers_, vocab_;
   std::vector<ShardRange> heads_;    // per TP rank: query heads
   std::vector<ShardRange> kv_heads_;  // per TP rank

@@ -11,7 +11,8 @@
 //   Q4_1 -> Q8_1, Q5_1 -> Q8_1: weights with a per-block minimum m; Q8_1 carries s = d * sum(q)
 //                 so that the m * sum(x) term costs one multiply per block.
 //   Q8_1 -> Q8_1: Q8_1 as a weight type (ggml never stores it in files, but it is complete).
-// K-quants are not supported yet (GetTypeOps returns nullptr for them).
+//   Q2_K..Q6_K -> Q8_K: the K-quants, in their own files (quants_k.h, quants_k.cc: tables, and
+//                 quants_k_avx2.cc), bit-identical across kernel sets.
 // Multi-token entry points (token-tree passes, prompts): Q4_1 activations packed once per product
 // for vec_dot_packed (AVX2, or AVX-512 VL/VNNI where the CPU has it: the kAvx512 table is the AVX2
 // one with those kernels replaced); Q8_0 and F32 through vec_dot_multi.
@@ -20,6 +21,7 @@
 #include <array>
 
 #include "backend/cpu/quants.h"
+#include "backend/cpu/quants_k.h"
 #include "backend/cpu/simd.h"
 
 namespace specinfer::cpu {
@@ -121,6 +123,7 @@ const Table& Avx512Table() {
 }  // namespace
 
 const TypeOps* GetTypeOpsForIsa(DType t, KernelIsa isa) {
+  if (const TypeOps* k = GetKQuantTypeOps(t, isa)) return k;
   switch (isa) {
     case KernelIsa::kScalar:
       return ScalarTable().Get(t);

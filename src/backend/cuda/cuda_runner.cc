@@ -190,6 +190,13 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   if (o.max_batch_tokens <= 0) return InvalidArgumentError("max_batch_tokens must be positive");
   if (c.head_dim > kernels::kTreeAttnMaxHeadDim)
     return UnimplementedError("the CUDA backend supports head_dim <= 256");
+  if (const std::vector<std::string> f = c.ExtendedFeatures(); !f.empty()) {
+    std::string names;
+    for (const std::string& s : f) names += (names.empty() ? "" : ", ") + s;
+    return UnimplementedError("the CUDA backend runs the plain Llama layer; this " +
+                              c.architecture + " model needs " + names +
+                              " (use the CPU backend)");
+  }
   if (DeviceCount() <= o.device || o.device < 0)
     return FailedPreconditionError("no CUDA device " + std::to_string(o.device) + " (found " +
                                    std::to_string(DeviceCount()) + ")");
