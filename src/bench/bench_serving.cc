@@ -305,12 +305,10 @@ int RunChatBenchmark(const std::string& model, const std::string& tokenizer,
         server->Shutdown();
       }
       run.prefix_cache = on;
-      if (!json_out) {
-        std::fprintf(stderr, "run %zu: prefix cache %s, %d requests in %.1f s, %.1f tok/s, TTFT "
-                     "p50 %.0f ms, hit rate %.3f\n", runs.size() + 1, on ? "on" : "off",
-                     run.requests, run.wall, run.tokens / run.wall,
-                     Percentile(run.ttft_ms, 0.5), run.hit_rate);
-      }
+      std::fprintf(stderr, "run %zu: prefix cache %s, %d requests in %.1f s, %.1f tok/s, TTFT "
+                   "p50 %.0f ms, hit rate %.3f\n", runs.size() + 1, on ? "on" : "off",
+                   run.requests, run.wall, run.tokens / run.wall, Percentile(run.ttft_ms, 0.5),
+                   run.hit_rate);
       runs.push_back(std::move(run));
     }
   }

@@ -9,7 +9,7 @@ namespace specinfer {
 
 CoreScheduler::CoreScheduler(ModelRunner& runner, KvCacheManager& kv, BatchOptions options)
     : runner_(runner), kv_(kv), options_(options), cache_epoch_(runner.kv_epoch()) {
-  kv_.set_prefix_caching(options_.prefix_cache);
+  kv_.set_prefix_caching(options_.prefix_cache && !options_.blas_prefill);
 }
 
 void CoreScheduler::SyncPrefixCache() {

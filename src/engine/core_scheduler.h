@@ -20,8 +20,9 @@
 // Prefix caching (BatchOptions::prefix_cache, on by default): the scheduler turns it on in the
 // KV cache, offers every member's committed KV entries to it after each successful pass, and
 // forgets the cache whenever the runner's kv_epoch() changes (the KV it held is gone). Exact
-// because the entries are those the same tokens would get from the batch-invariant kernels;
-// with `blas_prefill` they carry BLAS rounding, which already depends on the batch.
+// because the entries are those the same tokens would get from the batch-invariant kernels. With
+// `blas_prefill` (Generator: one sequence at a time) it stays off: prompt entries would carry
+// BLAS rounding that depends on the chunk they were computed in.
 //
 // Exactness: a pass that holds any decoding tree is planned with the batch-invariant kernels for
 // every token, and so is prefill unless `blas_prefill` is set; each sequence's logits are then
@@ -54,7 +55,7 @@ struct BatchOptions {
   int32_t max_batch_tokens = 512;  // tokens per pass: trees first, prefill chunks fill the rest
   bool blas_prefill = false;       // see the file comment
   // Automatic prefix caching (kv/kv_cache.h): newcomers attach the KV of the longest prompt
-  // prefix that earlier sequences committed, and prefill only the rest.
+  // prefix that earlier sequences committed, and prefill only the rest. Off with blas_prefill.
   bool prefix_cache = true;
 };
 

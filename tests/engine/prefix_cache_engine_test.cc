@@ -191,6 +191,29 @@ TEST(PrefixCacheEngine, EvictionUnderMemoryPressureKeepsOutputsExact) {
   EXPECT_EQ(kv.used_blocks(), 0);
 }
 
+// The cache is on by default and follows BatchOptions; with BLAS prefill (Generator) it stays
+// off, since BLAS rounding of prompt entries depends on the chunk they were computed in.
+TEST(PrefixCacheEngine, OnByDefaultOffOnRequestAndWithBlasPrefill) {
+  auto engine = MakeEngine(1);
+  ASSERT_TRUE(engine);
+  {
+    EngineCore core(engine->runner(), engine->kv(), BatchOptions{});
+    EXPECT_TRUE(engine->kv().prefix_caching());
+  }
+  BatchOptions off;
+  off.prefix_cache = false;
+  {
+    EngineCore core(engine->runner(), engine->kv(), off);
+    EXPECT_FALSE(engine->kv().prefix_caching());
+  }
+  BatchOptions blas;
+  blas.blas_prefill = true;
+  {
+    EngineCore core(engine->runner(), engine->kv(), blas);
+    EXPECT_FALSE(engine->kv().prefix_caching());
+  }
+}
+
 // Copy-on-write: a sequence that backs up into a block it shares and writes there gets a private
 // copy; its logits equal a fresh computation, and the sharer's entries are unchanged.
 TEST(PrefixCacheEngine, WritingIntoASharedBlockGoesToAPrivateCopy) {
