@@ -353,7 +353,8 @@ int RunChatBenchmark(const std::string& model, const std::string& tokenizer,
   for (bool on : {true, false})
     for (const char* k : keys) summary[on ? "on" : "off"][k] = median_of(on, k);
   for (const char* k : keys)
-    if (median_of(false, k) > 0) summary["on_over_off"][k] = median_of(true, k) / median_of(false, k);
+    if (median_of(false, k) > 0)
+      summary["on_over_off"][k] = median_of(true, k) / median_of(false, k);
 
   const std::string what =
       cluster.empty() ? "model " + model + ", " + std::to_string(threads) + " threads"

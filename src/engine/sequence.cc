@@ -188,8 +188,8 @@ void Sequence::Finish(FinishReason reason) {
 }
 
 void Sequence::CacheCommittedKv() {
-  kv_.CommitTokens(seq_, std::span<const int32_t>(context_).first(static_cast<size_t>(
-                             std::min<int64_t>(committed_, static_cast<int64_t>(context_.size())))));
+  const auto n = std::min<size_t>(static_cast<size_t>(committed_), context_.size());
+  kv_.CommitTokens(seq_, std::span<const int32_t>(context_).first(n));
 }
 
 void Sequence::AddPassSeconds(double seconds) {

@@ -260,7 +260,8 @@ TEST(PrefixCacheEngine, WritingIntoASharedBlockGoesToAPrivateCopy) {
   // The same tokens computed from scratch, without sharing.
   std::vector<int32_t> fresh(prompt.begin(), prompt.begin() + keep);
   fresh.insert(fresh.end(), tail.begin(), tail.end());
-  const auto want = testing::PromptLogits(reference->runner(), reference->kv(), fresh, {keep, keep + 1, keep + 2});
+  const auto want = testing::PromptLogits(reference->runner(), reference->kv(), fresh,
+                                          {keep, keep + 1, keep + 2});
   ASSERT_EQ(got.size(), want.size());
   EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
   ASSERT_EQ(want.size(), 3u * vocab);
