@@ -10,6 +10,19 @@
 //                 [--requests 32] [--max-tokens 64] [--draft ngram] [--tree 1,1,1,1]
 //                 [--workload edit|open] [--chat-template chatml]
 //   bench_serving --cluster CONFIG [--model M [--tokenizer T]] [--specinfer PATH] ...
+//   bench_serving --model M --workload chat-multiturn [--conversations 16] [--turns 8]
+//                 [--max-tokens 24] [--rounds 2] [--json]
+//
+// The chat-multiturn workload measures automatic prefix caching (kv/kv_cache.h): C concurrent
+// conversations (--conversations) of T turns each (--turns) share one system prompt; each turn
+// sends the whole conversation so far (system, earlier questions and the answers streamed back)
+// plus the next question. It runs with the daemon's prefix cache on and off alternately
+// (--rounds pairs, on-off then off-on, a fresh daemon per run so nothing is cached across runs),
+// and prints per run requests/s, generated tokens/s, TTFT p50/p90/p99 (all turns, and turns 2+
+// alone) and the prefix-cache hit rate (prompt tokens reused / prompt tokens looked up, from the
+// daemon's counters; not available with --cluster). Greedy: every answer must be the same with
+// the cache on and off; the program checks that and exits 1 if not. --json prints the runs and
+// the medians as one JSON object instead of the table.
 //
 // With --cluster the daemon is a distributed deployment started from a cluster config
 // (`specinfer cluster --config CONFIG --any-ports --http-port 0 [--model M]`, the binary beside
@@ -62,6 +75,20 @@ const std::vector<std::string> kOpenTexts = {
     "Invent a new holiday and describe how people celebrate it.",
     "Why do cats purr?"};
 
+// The chat-multiturn workload: a system prompt every conversation shares, and the user's turns.
+const char* kChatSystem =
+    "You are a helpful assistant for a small town library. You answer questions about opening "
+    "hours, borrowing rules, events and the reading rooms. Keep answers short and friendly. The "
+    "library opens at nine and closes at six on weekdays, opens at ten and closes at four on "
+    "Saturdays, and is closed on Sundays and public holidays. Members may borrow up to eight "
+    "books for three weeks and renew them twice unless someone else has reserved them.";
+const std::vector<std::string> kChatTurns = {
+    "Hello! When are you open on Saturday?", "How many books can I borrow?",
+    "Can I renew a book that someone reserved?", "Do you have a quiet room for studying?",
+    "Are there any events for children this month?", "What happens if I return a book late?",
+    "Can I print documents at the library?", "Thank you. What is your phone number?",
+    "Do you lend e-books too?", "Is there parking nearby?"};
+
 struct Sample {
   bool ok = false;
   std::string text;
@@ -111,6 +138,63 @@ int RunBenchmark(int port, const std::string& what, const std::vector<int>& conc
                  int requests, int max_tokens, const std::string& draft, const std::string& tree,
                  const std::string& workload);
 
+// One run of the chat-multiturn workload against the daemon at `port`.
+struct ChatRun {
+  bool prefix_cache = false;
+  double wall = 0;
+  int requests = 0;
+  int64_t tokens = 0;
+  std::vector<double> ttft_ms, later_ttft_ms;  // all turns; turns 2+
+  std::vector<std::string> answers;            // [conversation * turns + turn]
+  double hit_rate = -1;                        // -1: not known (a cluster)
+  int64_t evictions = -1, cached_blocks = -1;
+  bool failed = false;
+};
+
+ChatRun RunChat(int port, int conversations, int turns, int max_tokens) {
+  ChatRun run;
+  run.answers.assign(static_cast<size_t>(conversations) * turns, "");
+  std::vector<std::vector<double>> ttft(conversations), later(conversations);
+  std::vector<int64_t> tokens(conversations, 0);
+  std::atomic<bool> failed{false};
+  const auto t0 = Clock::now();
+  std::vector<std::thread> clients;
+  for (int c = 0; c < conversations; ++c) {
+    clients.emplace_back([&, c] {
+      json messages = json::array({{{"role", "system"}, {"content", kChatSystem}}});
+      for (int t = 0; t < turns && !failed; ++t) {
+        messages.push_back(
+            {{"role", "user"}, {"content", kChatTurns[(c + t) % kChatTurns.size()]}});
+        json b = {{"messages", messages},
+                  {"max_tokens", max_tokens},
+                  {"temperature", 0},
+                  {"stream", true},
+                  {"stream_options", {{"include_usage", true}}}};
+        Sample s = RunOne(port, b);
+        if (!s.ok) {
+          failed = true;
+          return;
+        }
+        ttft[c].push_back(s.ttft * 1e3);
+        if (t > 0) later[c].push_back(s.ttft * 1e3);
+        tokens[c] += s.tokens;
+        run.answers[static_cast<size_t>(c) * turns + t] = s.text;
+        messages.push_back({{"role", "assistant"}, {"content", s.text}});
+      }
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  run.wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  run.failed = failed;
+  for (int c = 0; c < conversations; ++c) {
+    run.ttft_ms.insert(run.ttft_ms.end(), ttft[c].begin(), ttft[c].end());
+    run.later_ttft_ms.insert(run.later_ttft_ms.end(), later[c].begin(), later[c].end());
+    run.tokens += tokens[c];
+    run.requests += static_cast<int>(ttft[c].size());
+  }
+  return run;
+}
+
 // A `specinfer cluster` child process; its HTTP port from its "listening http=" line.
 struct ClusterChild {
   pid_t pid = -1;
@@ -148,6 +232,171 @@ ClusterChild StartCluster(const std::vector<std::string>& args) {
   return c;
 }
 
+std::string SpecinferBeside(const std::string& given) {
+  if (!given.empty()) return given;
+  std::error_code ec;
+  return (std::filesystem::read_symlink("/proc/self/exe", ec).parent_path() / "specinfer")
+      .string();
+}
+
+// Runs chat-multiturn with the prefix cache on and off alternately, a fresh daemon per run.
+int RunChatBenchmark(const std::string& model, const std::string& tokenizer,
+                     const std::string& chat_template, int threads, const std::string& cluster,
+                     const std::string& specinfer_bin, int conversations, int turns,
+                     int max_tokens, int rounds, bool json_out) {
+  std::vector<ChatRun> runs;
+  for (int r = 0; r < rounds; ++r) {
+    for (int k = 0; k < 2; ++k) {
+      const bool on = (r % 2 == 0) == (k == 0);  // on-off, then off-on
+      ChatRun run;
+      if (!cluster.empty()) {
+        std::vector<std::string> args = {SpecinferBeside(specinfer_bin), "cluster", "--config",
+                                         cluster, "--any-ports", "--http-port", "0"};
+        if (!model.empty()) {
+          args.insert(args.end(), {"--model", model});
+          if (!tokenizer.empty()) args.insert(args.end(), {"--tokenizer", tokenizer});
+        }
+        if (!chat_template.empty()) args.insert(args.end(), {"--chat-template", chat_template});
+        if (!on) args.push_back("--no-prefix-cache");
+        ClusterChild child = StartCluster(args);
+        if (child.port == 0) {
+          std::fprintf(stderr, "error: the cluster did not start\n");
+          if (child.pid > 0) {
+            kill(child.pid, SIGKILL);
+            waitpid(child.pid, nullptr, 0);
+          }
+          return 1;
+        }
+        RunOne(child.port, {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                            {"max_tokens", 4}, {"stream", true}});  // warm-up
+        run = RunChat(child.port, conversations, turns, max_tokens);
+        kill(child.pid, SIGTERM);
+        waitpid(child.pid, nullptr, 0);
+      } else {
+        InferenceServerOptions o;
+        o.engine.model_path = model;
+        o.engine.tokenizer_path = tokenizer;
+        o.engine.num_threads = threads;
+        o.engine.context_length = 2048;  // KV for `conversations` sequences stays small
+        o.chat_template = chat_template;
+        o.queue.batch.max_sequences = conversations;
+        o.queue.batch.prefix_cache = on;
+        o.queue.max_queue = std::max(64, 2 * conversations);
+        o.http.port = 0;
+        o.http.threads = conversations + 8;
+        o.enable_grpc = false;
+        auto server_or = InferenceServer::Start(std::move(o));
+        if (!server_or.ok()) {
+          std::fprintf(stderr, "error: %s\n", server_or.status().ToString().c_str());
+          return 1;
+        }
+        std::unique_ptr<InferenceServer> server = std::move(server_or).value();
+        RunOne(server->http_port(), {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                                     {"max_tokens", 4}, {"stream", true}});  // warm-up
+        const ServingGauges before = server->queue().gauges();
+        run = RunChat(server->http_port(), conversations, turns, max_tokens);
+        const ServingGauges after = server->queue().gauges();
+        const int64_t queried = after.prefix_queried_tokens - before.prefix_queried_tokens;
+        run.hit_rate = queried > 0 ? static_cast<double>(after.prefix_hit_tokens -
+                                                         before.prefix_hit_tokens) / queried
+                                   : 0;
+        run.evictions = after.prefix_evictions - before.prefix_evictions;
+        run.cached_blocks = after.kv_blocks_cached;
+        server->Shutdown();
+      }
+      run.prefix_cache = on;
+      std::fprintf(stderr, "run %zu: prefix cache %s, %d requests in %.1f s, %.1f tok/s, TTFT "
+                   "p50 %.0f ms, hit rate %.3f\n", runs.size() + 1, on ? "on" : "off",
+                   run.requests, run.wall, run.tokens / run.wall, Percentile(run.ttft_ms, 0.5),
+                   run.hit_rate);
+      runs.push_back(std::move(run));
+    }
+  }
+
+  // Same answers with the cache on and off (greedy), run for run.
+  bool failed = false, mismatch = false;
+  const ChatRun* first_off = nullptr;
+  for (const ChatRun& r : runs) {
+    failed |= r.failed;
+    if (!r.prefix_cache && !first_off) first_off = &r;
+  }
+  for (const ChatRun& r : runs)
+    if (first_off && !r.failed && !first_off->failed && r.answers != first_off->answers)
+      mismatch = true;
+
+  auto row = [&](const ChatRun& r) {
+    return json{{"prefix_cache", r.prefix_cache},
+                {"requests", r.requests},
+                {"seconds", r.wall},
+                {"requests_per_second", r.requests / r.wall},
+                {"generated_tokens_per_second", r.tokens / r.wall},
+                {"ttft_ms_p50", Percentile(r.ttft_ms, 0.5)},
+                {"ttft_ms_p90", Percentile(r.ttft_ms, 0.9)},
+                {"ttft_ms_p99", Percentile(r.ttft_ms, 0.99)},
+                {"later_turns_ttft_ms_p50", Percentile(r.later_ttft_ms, 0.5)},
+                {"later_turns_ttft_ms_p90", Percentile(r.later_ttft_ms, 0.9)},
+                {"prefix_cache_hit_rate", r.hit_rate},
+                {"prefix_cache_evictions", r.evictions},
+                {"kv_blocks_cached", r.cached_blocks}};
+  };
+  // Medians over the runs of each setting, and on / off ratios of them.
+  auto median_of = [&](bool on, const char* key) {
+    std::vector<double> v;
+    for (const ChatRun& r : runs)
+      if (r.prefix_cache == on) v.push_back(row(r)[key].get<double>());
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
+  };
+  const char* keys[] = {"requests_per_second", "generated_tokens_per_second", "ttft_ms_p50",
+                        "ttft_ms_p90", "later_turns_ttft_ms_p50", "prefix_cache_hit_rate"};
+  json summary;
+  for (bool on : {true, false})
+    for (const char* k : keys) summary[on ? "on" : "off"][k] = median_of(on, k);
+  for (const char* k : keys)
+    if (median_of(false, k) > 0)
+      summary["on_over_off"][k] = median_of(true, k) / median_of(false, k);
+
+  const std::string what =
+      cluster.empty() ? "model " + model + ", " + std::to_string(threads) + " threads"
+                      : "cluster " + cluster;
+  if (json_out) {
+    json out = {{"workload", "chat-multiturn"},
+                {"target", what},
+                {"conversations", conversations},
+                {"turns", turns},
+                {"max_tokens", max_tokens},
+                {"runs", json::array()},
+                {"median", summary},
+                {"same_outputs", !mismatch},
+                {"failed", failed}};
+    for (const ChatRun& r : runs) out["runs"].push_back(row(r));
+    std::printf("%s\n", out.dump(2).c_str());
+  } else {
+    std::printf("%s, workload chat-multiturn: %d conversations x %d turns, %d tokens per answer\n",
+                what.c_str(), conversations, turns, max_tokens);
+    std::printf("%-4s %-6s %8s %9s %9s %9s %9s %11s %9s %9s\n", "run", "cache", "req/s", "tok/s",
+                "TTFT p50", "p90", "p99", "turn2+ p50", "hit rate", "evicted");
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const ChatRun& r = runs[i];
+      std::printf("%-4zu %-6s %8.2f %9.1f %9.1f %9.1f %9.1f %11.1f %9.3f %9lld\n", i + 1,
+                  r.prefix_cache ? "on" : "off", r.requests / r.wall, r.tokens / r.wall,
+                  Percentile(r.ttft_ms, 0.5), Percentile(r.ttft_ms, 0.9),
+                  Percentile(r.ttft_ms, 0.99), Percentile(r.later_ttft_ms, 0.5), r.hit_rate,
+                  static_cast<long long>(r.evictions));
+    }
+    std::printf("medians on / off: tok/s %.2fx, TTFT p50 %.2fx, p90 %.2fx, turns 2+ p50 %.2fx\n",
+                summary["on_over_off"].value("generated_tokens_per_second", 0.0),
+                summary["on_over_off"].value("ttft_ms_p50", 0.0),
+                summary["on_over_off"].value("ttft_ms_p90", 0.0),
+                summary["on_over_off"].value("later_turns_ttft_ms_p50", 0.0));
+    std::printf("times in ms; TTFT from sending the request; hit rate: prompt tokens reused / "
+                "looked up (-1: not known)\n");
+  }
+  if (failed) std::printf("FAILED: some requests did not complete\n");
+  if (mismatch) std::printf("MISMATCH: answers differ with the prefix cache on and off\n");
+  return failed || mismatch ? 1 : 0;
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{"specinfer serving load benchmark"};
   std::string model, tokenizer, draft = "ngram", tree = "1,1,1,1", workload = "edit",
@@ -155,6 +404,8 @@ int Main(int argc, char** argv) {
   int threads = 2, requests = 32, max_tokens = 64;
   std::vector<int> concurrency = {1, 8, 32};
   std::string cluster, specinfer_bin;
+  int conversations = 16, turns = 8, rounds = 2;
+  bool json_out = false;
   app.add_option("-m,--model", model, "Model file (with --cluster: replaces the config's)");
   app.add_option("--cluster", cluster, "Benchmark a deployment started from this cluster config");
   app.add_option("--specinfer", specinfer_bin, "The specinfer binary (default: beside this one)");
@@ -170,8 +421,17 @@ int Main(int argc, char** argv) {
   CLI::Option* draft_opt =
       app.add_option("--draft", draft, "Speculator of the speculation-on runs");
   app.add_option("--tree", tree, "Token-tree shape of the speculation-on runs");
-  app.add_option("--workload", workload, "edit (repeat a given text) or open (free writing)")
-      ->check(CLI::IsMember({"edit", "open"}));
+  app.add_option("--workload", workload,
+                 "edit (repeat a given text), open (free writing), or chat-multiturn (prefix "
+                 "caching on vs off: conversations sharing a system prompt)")
+      ->check(CLI::IsMember({"edit", "open", "chat-multiturn"}));
+  app.add_option("--conversations", conversations, "chat-multiturn: concurrent conversations")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--turns", turns, "chat-multiturn: turns per conversation")
+      ->check(CLI::Range(1, 64));
+  app.add_option("--rounds", rounds, "chat-multiturn: pairs of runs (cache on and off)")
+      ->check(CLI::Range(1, 100));
+  app.add_flag("--json", json_out, "chat-multiturn: print one JSON object instead of the table");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);
   if (model.empty() && cluster.empty()) {
@@ -179,6 +439,10 @@ int Main(int argc, char** argv) {
     return 1;
   }
 
+  if (workload == "chat-multiturn") {
+    return RunChatBenchmark(model, tokenizer, chat_template, threads, cluster, specinfer_bin,
+                            conversations, turns, max_tokens, rounds, json_out);
+  }
   const int max_c = *std::max_element(concurrency.begin(), concurrency.end());
   if (!cluster.empty()) {
     if (specinfer_bin.empty()) {

@@ -48,6 +48,8 @@ CLI::App* AddClusterCommand(CLI::App& app, ClusterArgs& a) {
                 "benchmarks beside other deployments)");
   cmd->add_option("--chat-template", a.chat_template,
                   "Replace manager.chat_template: chatml, llama2 or llama3");
+  cmd->add_flag("--no-prefix-cache", a.no_prefix_cache,
+                "Turn the manager's automatic prefix caching off (limits.prefix_cache: false)");
   return cmd;
 }
 
@@ -70,7 +72,8 @@ int RunClusterCommand(const ClusterArgs& a, const char* argv0) {
     std::fprintf(stderr, "error: %s\n", config.status().ToString().c_str());
     return 1;
   }
-  ClusterOverrides ov{a.model, a.tokenizer, a.http_port, a.any_ports, a.chat_template};
+  ClusterOverrides ov{a.model, a.tokenizer, a.http_port, a.any_ports, a.chat_template,
+                     a.no_prefix_cache};
   if (ov.any_ports && a.role != "all") {
     std::fprintf(stderr, "error: --any-ports needs --role all (the workers' ports must be known)\n");
     return 1;

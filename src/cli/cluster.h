@@ -28,6 +28,7 @@ struct ClusterArgs {
   int http_port = -1;      // cluster: >= 0 replaces manager.http_port
   bool any_ports = false;  // cluster: every worker on a free port, no gRPC
   std::string chat_template;  // cluster: replaces manager.chat_template
+  bool no_prefix_cache = false;  // cluster: limits.prefix_cache = false
 };
 
 // Adds the subcommands' options; `cluster_args` and `worker_args` receive them.

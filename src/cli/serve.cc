@@ -64,6 +64,9 @@ void AddServeOptions(CLI::App* cmd, ServeArgs& a) {
       ->capture_default_str();
   cmd->add_option("--http-threads", a.http_threads, "HTTP handler threads (0: max-queue + 16)")
       ->check(CLI::Range(0, 4096));
+  cmd->add_flag("--no-prefix-cache", a.no_prefix_cache,
+                "Turn automatic prefix caching off: every prompt is prefilled in full instead of "
+                "reusing the KV blocks of earlier prompts' common prefixes");
 }
 
 int RunServe(const ServeArgs& a) {
@@ -86,6 +89,7 @@ int RunServe(const ServeArgs& a) {
   o.queue.max_queue = a.max_queue;
   o.queue.batch.max_sequences = a.max_batch;
   o.queue.batch.max_batch_tokens = a.max_batch_tokens;
+  o.queue.batch.prefix_cache = !a.no_prefix_cache;
   auto tree = TreeShape::Parse(a.tree);
   if (!tree.ok()) {
     std::fprintf(stderr, "error: %s\n", tree.status().ToString().c_str());

@@ -37,6 +37,7 @@ struct ServeArgs {
   int max_queue = 64;
   int64_t max_body_bytes = 4 << 20;
   int http_threads = 0;  // 0: max_queue + 16
+  bool no_prefix_cache = false;  // turns automatic prefix caching off (kv/kv_cache.h)
   // Token-tree shape of speculative requests that give none.
   std::string tree = std::string(kDefaultTreeShape);
 };

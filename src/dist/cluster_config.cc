@@ -176,12 +176,14 @@ StatusOr<ClusterConfig> Parse(const YAML::Node& root, const std::string& source)
   if (top.Has("limits")) {
     Reader r(top.Get("limits"), "limits", source);
     SI_RETURN_IF_ERROR(
-        r.Keys({"max_batch", "max_batch_tokens", "max_queue", "context", "max_body_bytes"}));
+        r.Keys({"max_batch", "max_batch_tokens", "max_queue", "context", "max_body_bytes",
+                "prefix_cache"}));
     SI_RETURN_IF_ERROR(r.Int32("max_batch", 1, 1024, &c.limits.max_batch));
     SI_RETURN_IF_ERROR(r.Int32("max_batch_tokens", 1, 1 << 16, &c.limits.max_batch_tokens));
     SI_RETURN_IF_ERROR(r.Int32("max_queue", 1, 1 << 20, &c.limits.max_queue));
     SI_RETURN_IF_ERROR(r.Int32("context", 0, 1 << 24, &c.limits.context));
     SI_RETURN_IF_ERROR(r.Int("max_body_bytes", 1024, int64_t{1} << 30, &c.limits.max_body_bytes));
+    SI_RETURN_IF_ERROR(r.Bool("prefix_cache", &c.limits.prefix_cache));
   }
 
   // manager

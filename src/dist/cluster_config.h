@@ -2,7 +2,7 @@
 //
 //   hosts:   {NAME: ADDRESS, ...}            machines by name (default: local: 127.0.0.1)
 //   models:  {NAME: PATH | {path: P, tokenizer: T}, ...}
-//   limits:  {max_batch, max_batch_tokens, max_queue, context, max_body_bytes}
+//   limits:  {max_batch, max_batch_tokens, max_queue, context, max_body_bytes, prefix_cache}
 //   manager: {host, bind, http_port, grpc_port, threads, tree, served_model_name, chat_template,
 //             rpc_timeout_ms, probe_interval_ms, drain_timeout_s}
 //   ssm:     - {spec, model, backend: cpu | cuda, max_sessions, idle_timeout_s,
@@ -49,6 +49,7 @@ struct ClusterLimits {
   int32_t max_queue = 64;          // sequences waiting
   int32_t context = 0;             // 0: the model's own (may only shrink it)
   int64_t max_body_bytes = 4 << 20;
+  bool prefix_cache = true;        // automatic prefix caching in the manager's KV cache
 };
 
 struct ClusterManager {

@@ -368,6 +368,7 @@ StatusOr<InferenceServerOptions> ManagerOptions(const ClusterConfig& c,
   o.queue.max_queue = c.limits.max_queue;
   o.queue.batch.max_sequences = c.limits.max_batch;
   o.queue.batch.max_batch_tokens = c.limits.max_batch_tokens;
+  o.queue.batch.prefix_cache = c.limits.prefix_cache;
   SI_ASSIGN_OR_RETURN(o.queue.default_tree, TreeShape::Parse(c.manager.tree));
   const std::string bind = c.manager.bind.empty() ? c.manager.endpoint.address : c.manager.bind;
   o.http.host = bind;
@@ -386,6 +387,7 @@ StatusOr<InferenceServerOptions> ManagerOptions(const ClusterConfig& c,
 void ApplyClusterOverrides(const ClusterOverrides& ov, ClusterConfig& c) {
   if (ov.http_port >= 0) c.manager.endpoint.port = ov.http_port;
   if (!ov.chat_template.empty()) c.manager.chat_template = ov.chat_template;
+  if (ov.no_prefix_cache) c.limits.prefix_cache = false;
   if (ov.any_ports) {
     c.manager.grpc_port = 0;
     for (auto& g : c.ssm)

@@ -37,6 +37,7 @@ struct ClusterOverrides {
   // deployments: tests, benchmarks). Workers are started with their resolved ports.
   bool any_ports = false;
   std::string chat_template;  // non-empty: replaces manager.chat_template
+  bool no_prefix_cache = false;  // true: limits.prefix_cache = false
 };
 
 // Replaces every model of `config` as `overrides` says.

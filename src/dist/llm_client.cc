@@ -261,7 +261,6 @@ Status RemoteLlmRunner::Reform() {
                               std::to_string(epoch) + "): " + statuses[i].error_message());
   broken_ = false;
   joined_ = true;
-  seq_epoch_.clear();
   return Status::Ok();
 }
 
@@ -294,14 +293,38 @@ Status RemoteLlmRunner::Probe() {
   return Reform();
 }
 
+Status RemoteLlmRunner::CheckBlocksWritten(const KvCacheManager& kv, SeqId seq, int32_t end) {
+  const auto table = kv.BlockTable(seq);
+  const size_t used = std::min(table.size(), (static_cast<size_t>(std::max(end, 0)) +
+                                              kv_block_size_ - 1) / kv_block_size_);
+  for (size_t i = 0; i < used; ++i) {
+    const int32_t b = table[i];
+    if (b < 0 || static_cast<size_t>(b) >= block_epoch_.size() || block_epoch_[b] != epoch_)
+      return DataLossError("KV lost: an LLM worker restarted or the group was re-formed (now "
+                           "epoch " + std::to_string(epoch_) + ") since the KV entries of "
+                           "sequence " + std::to_string(seq) + " were written; it must start "
+                           "over");
+  }
+  return Status::Ok();
+}
+
+void RemoteLlmRunner::MarkBlocksWritten(const KvCacheManager& kv, SeqId seq, int32_t begin,
+                                        int32_t end) {
+  if (end <= begin) return;
+  const auto table = kv.BlockTable(seq);
+  const size_t last = std::min(table.size(), (static_cast<size_t>(end) + kv_block_size_ - 1) /
+                                                 kv_block_size_);
+  if (block_epoch_.size() < static_cast<size_t>(kv_blocks_))
+    block_epoch_.resize(static_cast<size_t>(kv_blocks_), 0);
+  for (size_t i = static_cast<size_t>(begin) / kv_block_size_; i < last; ++i)
+    if (table[i] >= 0 && static_cast<size_t>(table[i]) < block_epoch_.size())
+      block_epoch_[table[i]] = epoch_;
+}
+
 Status RemoteLlmRunner::CheckKvEpochs(const ForwardBatch& batch, const KvCacheManager& kv) {
   for (const BatchSequence& s : batch.seqs) {
     if (s.kv_prefix + s.masked_kv == 0) continue;  // needs no earlier entries
-    auto it = seq_epoch_.find(s.seq);
-    if (it == seq_epoch_.end() || it->second != epoch_)
-      return DataLossError("KV lost: an LLM worker restarted or the group was re-formed (now "
-                           "epoch " + std::to_string(epoch_) + ") since sequence " +
-                           std::to_string(s.seq) + " wrote its KV entries; it must start over");
+    SI_RETURN_IF_ERROR(CheckBlocksWritten(kv, s.seq, s.kv_prefix + s.masked_kv));
   }
   return Status::Ok();
 }
@@ -400,11 +423,8 @@ Status RemoteLlmRunner::Forward(const ForwardBatch& batch, const KvCacheManager&
   traffic_.request_bytes += static_cast<int64_t>(req.ByteSizeLong() * workers_.size());
   traffic_.worker_compute_seconds += compute;
   traffic_.worker_collective_seconds += collective;
-  for (const BatchSequence& s : batch.seqs) seq_epoch_[s.seq] = epoch_;
-  if (seq_epoch_.size() > 4096) {
-    for (auto it = seq_epoch_.begin(); it != seq_epoch_.end();)
-      it = kv.HasSequence(it->first) ? std::next(it) : seq_epoch_.erase(it);
-  }
+  for (const BatchSequence& s : batch.seqs)
+    MarkBlocksWritten(kv, s.seq, s.kv_prefix + s.masked_kv, s.kv_end());
   return Status::Ok();
 }
 
@@ -417,10 +437,11 @@ Status RemoteLlmRunner::MoveKv(const KvCacheManager& kv, SeqId seq, std::span<co
   if (!any) return Status::Ok();
   std::lock_guard lock(mu_);
   if (broken_) return UnavailableError("LLM group is down (re-forming on the next pass)");
-  auto it = seq_epoch_.find(seq);
-  if (it == seq_epoch_.end() || it->second != epoch_)
-    return DataLossError("KV lost: an LLM worker restarted or the group was re-formed since "
-                         "sequence " + std::to_string(seq) + " wrote its KV entries");
+  // The entries moved must have been written this epoch (by this sequence or, with prefix
+  // caching, by another one that shared the block).
+  int32_t src_end = 0;
+  for (int32_t p : src) src_end = std::max(src_end, p + 1);
+  SI_RETURN_IF_ERROR(CheckBlocksWritten(kv, seq, src_end));
   pb::LlmMoveKvRequest req;
   req.set_epoch(epoch_);
   req.set_seq(seq);
@@ -441,6 +462,7 @@ Status RemoteLlmRunner::MoveKv(const KvCacheManager& kv, SeqId seq, std::span<co
     return UnavailableError(workers_[i]->Name() + " failed to move KV entries: " +
                             statuses[i].error_message());
   }
+  for (int32_t p : dst) MarkBlocksWritten(kv, seq, p, p + 1);
   return Status::Ok();
 }
 

@@ -106,6 +106,11 @@ class RemoteLlmRunner final : public ModelRunner {
   Status RegisterAll(bool first);  // requires mu_
   Status Reform();                 // requires mu_
   Status CheckKvEpochs(const ForwardBatch& batch, const KvCacheManager& kv);  // requires mu_
+  // DataLoss unless the blocks holding positions [0, end) of `seq` were written this epoch.
+  Status CheckBlocksWritten(const KvCacheManager& kv, SeqId seq, int32_t end);  // requires mu_
+  // Records that positions [begin, end) of `seq` were written this epoch.
+  void MarkBlocksWritten(const KvCacheManager& kv, SeqId seq, int32_t begin,
+                         int32_t end);  // requires mu_
   void MarkBroken();                                                           // requires mu_
 
   const LlmGroupOptions options_;
@@ -119,8 +124,10 @@ class RemoteLlmRunner final : public ModelRunner {
   bool broken_ = true;
   bool joined_ = false;  // a group was formed by this runner (released on destruction)
   std::atomic<uint64_t> kv_epoch_{0};
-  // Group epoch in which each sequence last had KV written; sequences of older epochs lost it.
-  std::unordered_map<SeqId, uint64_t> seq_epoch_;
+  // Group epoch in which each physical KV block was last written (0: never; epochs start at 1).
+  // Kept per block, not per sequence: with prefix caching (kv/kv_cache.h) a sequence reads
+  // blocks other sequences wrote, and a block may be in several block tables at once.
+  std::vector<uint64_t> block_epoch_;
   Traffic traffic_;
 };
 

@@ -8,7 +8,16 @@
 namespace specinfer {
 
 CoreScheduler::CoreScheduler(ModelRunner& runner, KvCacheManager& kv, BatchOptions options)
-    : runner_(runner), kv_(kv), options_(options) {}
+    : runner_(runner), kv_(kv), options_(options), cache_epoch_(runner.kv_epoch()) {
+  kv_.set_prefix_caching(options_.prefix_cache && !options_.blas_prefill);
+}
+
+void CoreScheduler::SyncPrefixCache() {
+  const uint64_t epoch = runner_.kv_epoch();
+  if (epoch == cache_epoch_) return;
+  kv_.ClearPrefixCache();
+  cache_epoch_ = epoch;
+}
 
 CoreScheduler::~CoreScheduler() { CancelAll(); }
 
@@ -26,6 +35,7 @@ StatusOr<CoreScheduler::Admission> CoreScheduler::Add(GenerateRequest request,
   }
   if (num_running() >= options_.max_sequences || reserved_blocks_ + need > kv_.num_blocks())
     return Admission::kNoRoom;
+  SyncPrefixCache();
   SI_ASSIGN_OR_RETURN(auto seq, Sequence::Start(std::move(request), std::move(on_token), c, kv_,
                                                 runner_.kv_epoch()));
   reserved_blocks_ += seq->max_kv_blocks();
@@ -49,6 +59,7 @@ void CoreScheduler::CancelAll() {
 }
 
 void CoreScheduler::Reap() {
+  SyncPrefixCache();
   const uint64_t kv_epoch = runner_.kv_epoch();
   for (auto it = running_.begin(); it != running_.end();) {
     auto next = std::next(it);
@@ -122,14 +133,18 @@ void CoreScheduler::Update(ScheduledStep& step, const PassOutput& pass) {
 
   // Verify and commit each tree; report those that ended.
   for (size_t i = 0; i < step.members.size(); ++i) {
-    if (step.rows[i].count == 0) continue;  // a prefill chunk
     auto it = step.members[i];
+    if (step.rows[i].count == 0) {  // a prefill chunk
+      it->seq->CacheCommittedKv();
+      continue;
+    }
     Status s = Guarded("commit", [&] { return it->seq->Commit(pass.rows[i], runner_); });
     if (!s.ok()) {
       Complete(it, s);
-    } else if (it->seq->phase() == Sequence::Phase::kDone) {
-      Complete(it, std::move(it->seq->result()));
+      continue;
     }
+    it->seq->CacheCommittedKv();
+    if (it->seq->phase() == Sequence::Phase::kDone) Complete(it, std::move(it->seq->result()));
   }
 }
 

@@ -17,6 +17,13 @@
 // its largest (Sequence::max_kv_blocks) fit beside those the running sequences may still claim,
 // so a running sequence never runs out of KV memory and nothing needs preempting.
 //
+// Prefix caching (BatchOptions::prefix_cache, on by default): the scheduler turns it on in the
+// KV cache, offers every member's committed KV entries to it after each successful pass, and
+// forgets the cache whenever the runner's kv_epoch() changes (the KV it held is gone). Exact
+// because the entries are those the same tokens would get from the batch-invariant kernels. With
+// `blas_prefill` (Generator: one sequence at a time) it stays off: prompt entries would carry
+// BLAS rounding that depends on the chunk they were computed in.
+//
 // Exactness: a pass that holds any decoding tree is planned with the batch-invariant kernels for
 // every token, and so is prefill unless `blas_prefill` is set; each sequence's logits are then
 // bit-identical to running it alone, and greedy output is the same token for token whatever it
@@ -47,6 +54,9 @@ struct BatchOptions {
   int32_t max_sequences = 8;       // running at once
   int32_t max_batch_tokens = 512;  // tokens per pass: trees first, prefill chunks fill the rest
   bool blas_prefill = false;       // see the file comment
+  // Automatic prefix caching (kv/kv_cache.h): newcomers attach the KV of the longest prompt
+  // prefix that earlier sequences committed, and prefill only the rest. Off with blas_prefill.
+  bool prefix_cache = true;
 };
 
 class CoreScheduler {
@@ -106,12 +116,15 @@ class CoreScheduler {
   // Ends those that ended outside a step (cancelled by their owner, or asked for no tokens) and
   // those whose KV the runner lost (a remote LLM worker restarted).
   void Reap();
+  // Forgets the prefix cache if the runner's KV was lost since the last call.
+  void SyncPrefixCache();
 
   ModelRunner& runner_;
   KvCacheManager& kv_;
   const BatchOptions options_;
   std::list<Entry> running_;  // in admission order (prefill is first come, first served)
   int64_t reserved_blocks_ = 0;
+  uint64_t cache_epoch_ = 0;  // the runner's kv_epoch() the prefix cache holds entries of
 };
 
 }  // namespace specinfer

@@ -7,7 +7,9 @@
 //
 // The logits buffer ([batch.logit_rows.size(), vocab]) is the executor's and is reused from pass
 // to pass; the rows it hands out stay valid until the next Run. An error or exception in the pass
-// becomes PassOutput::status (logged), for the scheduler to fail the pass's sequences.
+// becomes PassOutput::status (logged), for the scheduler to fail the pass's sequences. Before the
+// pass it applies the KV cache's pending copy-on-write copies (ModelRunner::MoveKv) and refuses a
+// pass that would write into a shared or cached KV block.
 //
 // Thread safety: one thread at a time (the owner of the runner and the KV cache).
 #pragma once
@@ -46,6 +48,10 @@ class Executor {
   ModelRunner& runner() { return runner_; }
 
  private:
+  // Applies the KV cache's copy-on-write copies (kv/kv_cache.h) and checks that the pass writes
+  // no shared block.
+  Status PrepareKv(const ForwardBatch& batch);
+
   ModelRunner& runner_;
   KvCacheManager& kv_;
   std::vector<float> logits_;  // [batch.logit_rows.size(), vocab] of the last pass

@@ -48,7 +48,8 @@ struct SpeculationStats {
 struct GenerateStats {
   int32_t prompt_tokens = 0;
   int32_t prefill_tokens = 0;  // prompt tokens prefilled (all but the last, which the first
-                               // decode pass reads)
+                               // decode pass reads, and those found in the prefix cache)
+  int32_t cached_prompt_tokens = 0;  // prompt tokens whose KV came from the prefix cache
   int32_t generated_tokens = 0;
   int32_t forward_passes = 0;
   int32_t decode_passes = 0;  // LLM passes after the prefill (one per generated token without

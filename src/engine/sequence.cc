@@ -47,6 +47,16 @@ StatusOr<std::unique_ptr<Sequence>> Sequence::Start(GenerateRequest req, TokenCa
   run->kv_epoch_ = kv_epoch;
   SI_RETURN_IF_ERROR(run->step_.OpenSessions(run->request_.speculators,
                                                run->request_.tree_shape.MaxNodes()));
+  if (run->phase_ == Phase::kPrefill) {
+    // KV entries of the prompt's cached prefix were computed from the same tokens by
+    // batch-invariant kernels: bit-identical to what prefill would write.
+    const int32_t cached = kv.AttachCachedPrefix(seq, run->request_.prompt_tokens,
+                                                 run->prefill_end_);
+    run->prefilled_ = run->committed_ = cached;
+    run->result_.stats.cached_prompt_tokens = cached;
+    run->result_.stats.prefill_tokens -= cached;
+    if (cached == run->prefill_end_) run->phase_ = Phase::kDecode;
+  }
   return run;
 }
 
@@ -175,6 +185,11 @@ void Sequence::Finish(FinishReason reason) {
   GenerateStats& stats = result_.stats;
   stats.generated_tokens = static_cast<int32_t>(result_.tokens.size());
   if (decode_started_) stats.decode_seconds = SecondsSince(decode_start_);
+}
+
+void Sequence::CacheCommittedKv() {
+  const auto n = std::min<size_t>(static_cast<size_t>(committed_), context_.size());
+  kv_.CommitTokens(seq_, std::span<const int32_t>(context_).first(n));
 }
 
 void Sequence::AddPassSeconds(double seconds) {

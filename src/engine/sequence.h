@@ -3,8 +3,10 @@
 // the CLI run the very same prefill / draft / verify / commit steps.
 //
 // Life of a sequence:
-//   Start     validates the request, registers a KV sequence, opens the speculators' sessions;
-//   prefill   PlanPrefill adds chunks of the prompt but its last token to a pass (no logits);
+//   Start     validates the request, registers a KV sequence, opens the speculators' sessions,
+//             and attaches the longest cached prefix of the prompt (KvCacheManager prefix
+//             caching: whole blocks, never the last prompt token, which must make logits);
+//   prefill   PlanPrefill adds chunks of the rest of the prompt but its last token to a pass;
 //   decode    PlanDecode hands this step's drafting context to its SpeculativeStep
 //             (engine/speculative_step.h), which drafts the tree and lays it out in the pass;
 //             Commit gives the step the tree's logits rows to verify and compact, then emits the
@@ -77,6 +79,10 @@ class Sequence {
   Status CheckKvEpoch(uint64_t current);
   // Ends the sequence now with `reason` (e.g. kCancelled).
   void Finish(FinishReason reason);
+
+  // After a pass it took part in succeeded (and after Commit): offers its committed KV entries
+  // to the prefix cache (KvCacheManager::CommitTokens).
+  void CacheCommittedKv();
 
   // Time of the passes it took part in, by phase (a batch's pass counts for each member).
   void AddPassSeconds(double seconds);

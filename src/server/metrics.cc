@@ -160,6 +160,27 @@ std::string ServerMetrics::Render(const ServingGauges& g) const {
   Sample(&out, "specinfer_kv_blocks_used", "", static_cast<double>(g.kv_blocks_used));
   Header(&out, "specinfer_kv_blocks_total", "gauge", "Paged KV-cache blocks in the pool.");
   Sample(&out, "specinfer_kv_blocks_total", "", static_cast<double>(g.kv_blocks_total));
+  Header(&out, "specinfer_kv_blocks_cached", "gauge",
+         "KV-cache blocks holding a cached prompt prefix (in use or evictable).");
+  Sample(&out, "specinfer_kv_blocks_cached", "", static_cast<double>(g.kv_blocks_cached));
+  Header(&out, "specinfer_prefix_cache_queried_tokens_total", "counter",
+         "Prompt tokens looked up in the prefix cache.");
+  Sample(&out, "specinfer_prefix_cache_queried_tokens_total", "",
+         static_cast<double>(g.prefix_queried_tokens));
+  Header(&out, "specinfer_prefix_cache_hit_tokens_total", "counter",
+         "Prompt tokens whose KV entries were reused from the prefix cache.");
+  Sample(&out, "specinfer_prefix_cache_hit_tokens_total", "",
+         static_cast<double>(g.prefix_hit_tokens));
+  Header(&out, "specinfer_prefix_cache_hit_rate", "gauge",
+         "Prompt tokens reused from the prefix cache / prompt tokens looked up.");
+  Sample(&out, "specinfer_prefix_cache_hit_rate", "",
+         g.prefix_queried_tokens > 0
+             ? static_cast<double>(g.prefix_hit_tokens) / g.prefix_queried_tokens
+             : 0.0);
+  Header(&out, "specinfer_prefix_cache_evictions_total", "counter",
+         "Cached prefix blocks evicted (least recently used) for new KV entries.");
+  Sample(&out, "specinfer_prefix_cache_evictions_total", "",
+         static_cast<double>(g.prefix_evictions));
   Header(&out, "specinfer_draft_sessions", "gauge",
          "Draft sessions (one per sequence and speculator) alive in the process.");
   Sample(&out, "specinfer_draft_sessions", "", static_cast<double>(g.draft_sessions));

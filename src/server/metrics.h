@@ -5,6 +5,12 @@
 //   specinfer_queue_length                         gauge    sequences waiting for the engine
 //   specinfer_running_sequences                    gauge    sequences being generated
 //   specinfer_kv_blocks_used / _total              gauge    paged KV-cache blocks
+//   specinfer_kv_blocks_cached                     gauge    blocks holding a cached prefix
+//   specinfer_prefix_cache_queried_tokens_total    counter  prompt tokens looked up in the
+//                                                           prefix cache (kv/kv_cache.h)
+//   specinfer_prefix_cache_hit_tokens_total        counter  of which reused from it
+//   specinfer_prefix_cache_hit_rate                gauge    hit / queried tokens (0 if none)
+//   specinfer_prefix_cache_evictions_total         counter  cached blocks reused for new data
 //   specinfer_draft_sessions                       gauge    speculators' per-sequence sessions
 //                                                           alive in the process (0 when idle)
 //   specinfer_time_to_first_token_seconds          histogram  request arrival -> first token
@@ -58,6 +64,11 @@ struct ServingGauges {
   int64_t kv_blocks_used = 0;
   int64_t kv_blocks_total = 0;
   int64_t draft_sessions = 0;  // DraftSession::live() (spec/speculator.h)
+  // The prefix cache (KvCacheManager::prefix_stats): blocks now, cumulative tokens and evictions.
+  int64_t kv_blocks_cached = 0;
+  int64_t prefix_queried_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
+  int64_t prefix_evictions = 0;
 };
 
 // What one or more speculative verification passes contributed: for a finished request, its

@@ -112,11 +112,22 @@ ServingGauges RequestQueue::gauges() const {
   g.running = running_.load();
   g.kv_blocks_used = kv_used_.load();
   g.kv_blocks_total = kv_total_;
+  g.kv_blocks_cached = kv_cached_.load();
+  g.prefix_queried_tokens = prefix_queried_.load();
+  g.prefix_hit_tokens = prefix_hit_.load();
+  g.prefix_evictions = prefix_evictions_.load();
   g.draft_sessions = DraftSession::live();
   return g;
 }
 
-void RequestQueue::PublishKv() { kv_used_ = engine_.kv().used_blocks(); }
+void RequestQueue::PublishKv() {
+  kv_used_ = engine_.kv().used_blocks();
+  const PrefixCacheStats p = engine_.kv().prefix_stats();
+  kv_cached_ = p.cached_blocks;
+  prefix_queried_ = p.lookup_tokens;
+  prefix_hit_ = p.hit_tokens;
+  prefix_evictions_ = p.evictions;
+}
 
 void RequestQueue::WorkerLoop() {
   EngineCore core(engine_.runner(), engine_.kv(), options_.batch);

@@ -155,6 +155,8 @@ class RequestQueue {
   std::atomic<int64_t> waiting_head_{0};
   std::atomic<int64_t> running_{0};
   std::atomic<int64_t> kv_used_{0};
+  // KvCacheManager::prefix_stats(), published by the worker (the KV cache's one thread).
+  std::atomic<int64_t> kv_cached_{0}, prefix_queried_{0}, prefix_hit_{0}, prefix_evictions_{0};
   const int64_t kv_total_;
   std::thread worker_;
 };

@@ -336,6 +336,53 @@ TEST(LlmWorkerFaults, WorkerDownFailsInFlightQuicklyAndServingResumesWhenItRetur
   EXPECT_EQ((*r3.done)->tokens.size(), 40u);
 }
 
+// Prefix caching across a worker restart: the manager forgets the cached blocks when the group's
+// KV is lost (kv_epoch changes), so a prompt cached before is prefilled again rather than read
+// from entries that are gone; afterwards it is cached again. Output equals the first run's.
+TEST(LlmWorkerFaults, PrefixCacheIsForgottenWhenAWorkerRestarts) {
+  const Stories st = LoadStories();
+  auto group = testing::StartLlmGroup(st.model, st.fingerprint, 2, 1);
+  ASSERT_TRUE(group);
+  auto connected = RemoteLlmRunner::Connect(group->GroupOptions(), st.model, st.fingerprint);
+  ASSERT_TRUE(connected.ok()) << connected.status().ToString();
+  RemoteLlmRunner& remote = **connected;
+  KvCacheManager kv(remote.num_kv_blocks(), remote.kv_block_size());
+  BatchOptions o;
+  o.max_sequences = 2;
+  EngineCore gen(remote, kv, o);
+  const GenerateRequest req = Request(
+      st, "Lily and Ben went to the park. They saw a big dog. The dog was happy and ran to them.",
+      20);
+  auto run = [&](Outcome& out) {
+    ASSERT_TRUE(gen.Add(req, nullptr, [&](StatusOr<GenerateResult> r) { out.done = r; }).ok());
+    StepUntilDone(gen, out);
+    ASSERT_TRUE(out.done.has_value());
+    ASSERT_TRUE(out.done->ok()) << out.done->status().ToString();
+  };
+  Outcome first;
+  run(first);
+  EXPECT_GT(kv.prefix_stats().cached_blocks, 0);
+
+  group->workers[1]->Shutdown();
+  group->workers[1].reset();
+  EXPECT_FALSE(remote.Probe().ok());
+  ASSERT_TRUE(group->StartWorker(1).ok());
+  Status probe = remote.Probe();
+  for (int i = 0; i < 50 && !probe.ok(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    probe = remote.Probe();
+  }
+  ASSERT_TRUE(probe.ok()) << probe.ToString();
+
+  Outcome second, third;
+  run(second);
+  EXPECT_EQ((*second.done)->stats.cached_prompt_tokens, 0);
+  EXPECT_EQ((*second.done)->tokens, (*first.done)->tokens);
+  run(third);
+  EXPECT_GT((*third.done)->stats.cached_prompt_tokens, 0);
+  EXPECT_EQ((*third.done)->tokens, (*first.done)->tokens);
+}
+
 TEST(LlmWorkerFaults, RendezvousWorkerRestartAndDrain) {
   // Worker 0 also serves the group's rendezvous store: it restarts between passes (no failed
   // pass seen by the manager), and the next pass still reports it and re-forms afterwards.

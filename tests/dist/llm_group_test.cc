@@ -162,8 +162,11 @@ TEST(LlmShard, SplitsAreEvenAndCoverEverything) {
 
 // Runs every request to completion on `runner` through one EngineCore; returns the tokens.
 std::vector<std::vector<int32_t>> GenerateAll(ModelRunner& runner, KvCacheManager& kv,
-                                              const std::vector<GenerateRequest>& reqs) {
+                                              const std::vector<GenerateRequest>& reqs,
+                                              bool prefix_cache = true,
+                                              int32_t* cached_prompt_tokens = nullptr) {
   BatchOptions o;
+  o.prefix_cache = prefix_cache;
   o.max_sequences = 4;
   o.max_batch_tokens = 24;  // prefill chunks share passes with trees
   EngineCore gen(runner, kv, o);
@@ -178,6 +181,8 @@ std::vector<std::vector<int32_t>> GenerateAll(ModelRunner& runner, KvCacheManage
     EXPECT_TRUE(done[i].has_value() && done[i]->ok())
         << i << ": " << (done[i] ? done[i]->status().ToString() : "not done");
     out.push_back(done[i] && done[i]->ok() ? (*done[i])->tokens : std::vector<int32_t>{});
+    if (cached_prompt_tokens && done[i] && done[i]->ok())
+      *cached_prompt_tokens += (*done[i])->stats.cached_prompt_tokens;
   }
   EXPECT_EQ(kv.used_blocks(), 0);
   return out;
@@ -229,6 +234,52 @@ TEST(LlmGroupGeneration, GreedyTp2Pp2EqualsLocalEngineWithAndWithoutSpeculation)
               static_cast<long long>(t.passes), double(t.request_bytes) / t.passes,
               double(t.response_bytes) / t.passes, 1e3 * t.worker_compute_seconds / t.passes,
               1e3 * t.worker_collective_seconds / t.passes);
+}
+
+// Prefix caching in the manager: the workers only see block tables in which blocks are shared
+// between sequences (and MoveKv of a tree next to shared blocks). Greedy output over the group
+// with the cache on equals the local engine with it off, in a first round (concurrent sequences
+// sharing a prompt prefix) and a second one that reuses the cached blocks.
+TEST(LlmGroupGeneration, PrefixCachingOverTheGroupEqualsTheLocalEngineWithout) {
+  const Stories& st = LoadStories();
+  auto group = testing::StartLlmGroup(st.model, st.fingerprint, 2, 1);
+  ASSERT_TRUE(group);
+  auto remote = RemoteLlmRunner::Connect(group->GroupOptions(), st.model, st.fingerprint);
+  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+  auto local = testing::MakeLocalRunner(st.model, (*remote)->num_kv_blocks());
+  KvCacheManager remote_kv((*remote)->num_kv_blocks(), (*remote)->kv_block_size());
+  SpeculatorOptions so;
+  so.num_threads = 1;
+  auto ngram = CreateSpeculator("ngram", st.model, so);
+  ASSERT_TRUE(ngram.ok()) << ngram.status().ToString();
+
+  const std::vector<int32_t> system = st.Encode(
+      "Lily and Ben went to the park. They saw a big dog. The dog was happy and ran to them. "
+      "They played all day.");
+  std::vector<GenerateRequest> reqs;
+  const char* questions[] = {" Once upon a time", " The cat", " One day", " Tom"};
+  for (int i = 0; i < 4; ++i) {
+    GenerateRequest r;
+    r.prompt_tokens = system;
+    const auto q = st.Encode(questions[i]);
+    r.prompt_tokens.insert(r.prompt_tokens.end(), q.begin() + 1, q.end());
+    r.max_new_tokens = 24;
+    r.prefill_chunk = 7;
+    if (i % 2) {
+      r.speculators = {ngram->get()};
+      r.tree_shape = *TreeShape::Parse("2,1,1");
+    }
+    reqs.push_back(r);
+  }
+  const auto want = GenerateAll(*local.runner, *local.kv, reqs, /*prefix_cache=*/false);
+  for (int round = 0; round < 2; ++round) {
+    int32_t cached = 0;
+    const auto got = GenerateAll(**remote, remote_kv, reqs, /*prefix_cache=*/true, &cached);
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_EQ(got[i], want[i]) << "round " << round << ", request " << i;
+    if (round == 1) EXPECT_GE(cached, 4 * 16) << "the second round reuses the cached prompts";
+  }
+  EXPECT_GT(remote_kv.prefix_stats().hit_tokens, 0);
 }
 
 // Workers as the CLI starts them: from the model files, with a shorter context.

@@ -323,6 +323,41 @@ double MetricValue(const std::string& text, const std::string& name) {
   return std::stod(text.substr(p + name.size() + 2));
 }
 
+// Prefix caching is on by default: a prompt sent again reuses its KV blocks (the hit counters
+// of /metrics move) and the greedy text stays the same.
+TEST_F(HttpServerTest, RepeatedPromptReusesCachedKvAndKeepsTheText) {
+  auto metrics = [] {
+    auto m = Get("/metrics");
+    EXPECT_TRUE(m);
+    return m ? m->body : std::string();
+  };
+  json req = {{"prompt", "Lily and Ben went to the park. They saw a big dog. The dog was happy "
+                         "and ran to them. They played with a ball all day long."},
+              {"max_tokens", 24},
+              {"temperature", 0}};
+  WaitIdle();
+  const std::string before = metrics();
+  SseReply first = Post("/v1/completions", req);
+  ASSERT_EQ(first.status, 200) << first.body;
+  WaitIdle();
+  const std::string middle = metrics();
+  SseReply second = Post("/v1/completions", req);
+  ASSERT_EQ(second.status, 200) << second.body;
+  WaitIdle();
+  const std::string after = metrics();
+  EXPECT_EQ(json::parse(second.body)["choices"][0]["text"],
+            json::parse(first.body)["choices"][0]["text"]);
+  const std::string hit = "specinfer_prefix_cache_hit_tokens_total";
+  const std::string queried = "specinfer_prefix_cache_queried_tokens_total";
+  const int prompt_tokens = json::parse(first.body)["usage"]["prompt_tokens"];
+  ASSERT_GT(prompt_tokens, 32);
+  EXPECT_EQ(MetricValue(middle, queried) - MetricValue(before, queried), prompt_tokens);
+  // Every whole block but the one holding the last prompt token.
+  EXPECT_EQ(MetricValue(after, hit) - MetricValue(middle, hit), (prompt_tokens - 1) / 16 * 16);
+  EXPECT_GT(MetricValue(after, "specinfer_kv_blocks_cached"), 0);
+  EXPECT_GT(MetricValue(after, "specinfer_prefix_cache_hit_rate"), 0);
+}
+
 TEST_F(HttpServerTest, DisconnectingMidStreamCancelsAndFreesKv) {
   WaitIdle();
   auto metrics = [] {

@@ -44,7 +44,16 @@ TEST(ServerMetrics, RendersEveryFamily) {
   m.AddGeneratedTokens(7);
   m.CountFinished("stop");
   ServingGauges g{3, 1, 10, 545, 2};
+  g.kv_blocks_cached = 6;
+  g.prefix_queried_tokens = 200;
+  g.prefix_hit_tokens = 50;
+  g.prefix_evictions = 4;
   const std::string out = m.Render(g);
+  EXPECT_TRUE(HasLine(out, "specinfer_kv_blocks_cached 6"));
+  EXPECT_TRUE(HasLine(out, "specinfer_prefix_cache_queried_tokens_total 200"));
+  EXPECT_TRUE(HasLine(out, "specinfer_prefix_cache_hit_tokens_total 50"));
+  EXPECT_TRUE(HasLine(out, "specinfer_prefix_cache_hit_rate 0.25"));
+  EXPECT_TRUE(HasLine(out, "specinfer_prefix_cache_evictions_total 4"));
   EXPECT_TRUE(
       HasLine(out, "specinfer_requests_total{endpoint=\"/v1/completions\",code=\"200\"} 2"));
   EXPECT_TRUE(
