@@ -270,9 +270,10 @@ TEST(KQuantTest, MatMulIsBatchInvariant) {
       x.insert(x.end(), xi.begin(), xi.end());
     }
     std::vector<float> y(n * rows), y1(rows);
-    cpu::MatMul(w, x.data(), n, y.data(), pool, scratch);
+    const cpu::CpuMatrix cw{w, nullptr};  // K-quants have no tiles: the per-row kernels
+    cpu::MatMul(cw, x.data(), n, y.data(), pool, scratch);
     for (int64_t i = 0; i < n; ++i) {
-      cpu::MatMul(w, x.data() + i * cols, 1, y1.data(), pool, scratch);
+      cpu::MatMul(cw, x.data() + i * cols, 1, y1.data(), pool, scratch);
       for (int64_t r = 0; r < rows; ++r) {
         ASSERT_EQ(Bits(y[i * rows + r]), Bits(y1[r])) << "token " << i << " row " << r;
       }

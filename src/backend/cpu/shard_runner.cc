@@ -363,7 +363,7 @@ class CpuShardRunner::Pass {
                    dim, c_.norm_eps);
     cpu::MatMul(r_.output_, r_.final_.data(), m, logits_.data(), *r_.pool_, r_.act_scratch_,
                 inv_);
-    cpu::SoftCap(logits_.data(), m * r_.output_.rows, c_.final_softcap);
+    cpu::SoftCap(logits_.data(), m * r_.output_.view.rows, c_.final_softcap);
     return Status::Ok();
   }
 
