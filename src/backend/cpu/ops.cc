@@ -161,6 +161,26 @@ __attribute__((target("avx2,fma"))) float DotAvx2(const float* a, const float* b
   return DotAvx2Inline(a, b, n);
 }
 
+// The horizontal sums of eight keys' accumulators v[0..7], in key order: lanes l + l+4, then
+// l + l+2, then l + l+1 (DotAvx2Inline's tree, per key), in 9 shuffles and 7 adds.
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 HorizontalSums8(
+    const __m256 (&v)[8]) {
+  __m256 t[4];  // t[p]: keys 2p and 2p+1, lanes l + l+4 (4 lanes each)
+#pragma GCC unroll 4
+  for (int p = 0; p < 4; ++p)
+    t[p] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * p], v[2 * p + 1], 0x20),
+                         _mm256_permute2f128_ps(v[2 * p], v[2 * p + 1], 0x31));
+  // lanes l + l+2: [k0 k0 k2 k2 | k1 k1 k3 k3] and [k4 k4 k6 k6 | k5 k5 k7 k7]
+  const __m256 x0 = _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 x1 = _mm256_add_ps(_mm256_shuffle_ps(t[2], t[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm256_shuffle_ps(t[2], t[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  // lanes l + l+1: [k0 k2 k4 k6 | k1 k3 k5 k7]
+  const __m256 sums = _mm256_add_ps(_mm256_shuffle_ps(x0, x1, _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm256_shuffle_ps(x0, x1, _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 // DotAvx2 per row, inlined: no indirect call per key. Where n is a multiple of 16, eight keys
 // at a time: each key's two accumulators exactly as in DotAvx2Inline, then the eight horizontal
 // sums together (lanes l + l+4, then l + l+2, then l + l+1: DotAvx2Inline's tree, per key) in
@@ -184,22 +204,7 @@ __attribute__((target("avx2,fma"))) void DotRowsAvx2(const float* q, const float
         }
         v[j] = _mm256_add_ps(acc0, acc1);
       }
-      __m256 t[4];  // t[p]: keys 2p and 2p+1, lanes l + l+4 (4 lanes each)
-#pragma GCC unroll 4
-      for (int p = 0; p < 4; ++p)
-        t[p] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * p], v[2 * p + 1], 0x20),
-                             _mm256_permute2f128_ps(v[2 * p], v[2 * p + 1], 0x31));
-      // lanes l + l+2: [k0 k0 k2 k2 | k1 k1 k3 k3] and [k4 k4 k6 k6 | k5 k5 k7 k7]
-      const __m256 x0 = _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                      _mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 2, 3, 2)));
-      const __m256 x1 = _mm256_add_ps(_mm256_shuffle_ps(t[2], t[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                                      _mm256_shuffle_ps(t[2], t[3], _MM_SHUFFLE(3, 2, 3, 2)));
-      // lanes l + l+1: [k0 k2 k4 k6 | k1 k3 k5 k7]
-      const __m256 sums = _mm256_add_ps(_mm256_shuffle_ps(x0, x1, _MM_SHUFFLE(2, 0, 2, 0)),
-                                        _mm256_shuffle_ps(x0, x1, _MM_SHUFFLE(3, 1, 3, 1)));
-      const __m256 ordered =
-          _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-      _mm256_storeu_ps(scores + k, _mm256_mul_ps(ordered, vscale));
+      _mm256_storeu_ps(scores + k, _mm256_mul_ps(HorizontalSums8(v), vscale));
     }
   }
   for (; k < rows; ++k) scores[k] = DotAvx2Inline(q, base + slots[k] * stride, n) * scale;
@@ -268,20 +273,7 @@ SI_ATT512 void DotRowsAvx512(const float* q, const float* base, const int32_t* s
     __m256 v[8];
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) v[j] = row_sum(base + slots[k + j] * stride);
-    __m256 t[4];
-#pragma GCC unroll 4
-    for (int p = 0; p < 4; ++p)
-      t[p] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * p], v[2 * p + 1], 0x20),
-                           _mm256_permute2f128_ps(v[2 * p], v[2 * p + 1], 0x31));
-    const __m256 x0 = _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                    _mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m256 x1 = _mm256_add_ps(_mm256_shuffle_ps(t[2], t[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                                    _mm256_shuffle_ps(t[2], t[3], _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m256 sums = _mm256_add_ps(_mm256_shuffle_ps(x0, x1, _MM_SHUFFLE(2, 0, 2, 0)),
-                                      _mm256_shuffle_ps(x0, x1, _MM_SHUFFLE(3, 1, 3, 1)));
-    const __m256 ordered =
-        _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_ps(scores + k, _mm256_mul_ps(ordered, vscale));
+    _mm256_storeu_ps(scores + k, _mm256_mul_ps(HorizontalSums8(v), vscale));
   }
   for (; k < rows; ++k) {
     const __m256 v = row_sum(base + slots[k] * stride);
