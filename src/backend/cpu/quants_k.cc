@@ -230,13 +230,15 @@ float VecDotQ3_KQ8_K(int64_t n, const void* w, const void* x) {
   return acc;
 }
 
-float VecDotQ4_KQ8_K(int64_t n, const void* w, const void* x) {
-  const BlockQ4_K* a = static_cast<const BlockQ4_K*>(w);
+// Q4_K and Q5_K: eight 32-element sub-blocks, each with a 6-bit scale and minimum.
+template <typename Block, void (*Unpack)(const Block&, int8_t*)>
+float VecDotWithMinK(int64_t n, const void* w, const void* x) {
+  const Block* a = static_cast<const Block*>(w);
   const BlockQ8_K* b = static_cast<const BlockQ8_K*>(x);
   int8_t q[kQK_K];
   float acc = 0.0f;
   for (int64_t i = 0; i < n / kQK_K; ++i) {
-    UnpackQ4_K(a[i], q);
+    Unpack(a[i], q);
     int32_t isum = 0, msum = 0;
     for (int s = 0; s < 8; ++s) {
       int sc, m;
@@ -249,23 +251,12 @@ float VecDotQ4_KQ8_K(int64_t n, const void* w, const void* x) {
   return acc;
 }
 
+float VecDotQ4_KQ8_K(int64_t n, const void* w, const void* x) {
+  return VecDotWithMinK<BlockQ4_K, UnpackQ4_K>(n, w, x);
+}
+
 float VecDotQ5_KQ8_K(int64_t n, const void* w, const void* x) {
-  const BlockQ5_K* a = static_cast<const BlockQ5_K*>(w);
-  const BlockQ8_K* b = static_cast<const BlockQ8_K*>(x);
-  int8_t q[kQK_K];
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n / kQK_K; ++i) {
-    UnpackQ5_K(a[i], q);
-    int32_t isum = 0, msum = 0;
-    for (int s = 0; s < 8; ++s) {
-      int sc, m;
-      GetScaleMinK4(s, a[i].scales, &sc, &m);
-      isum += sc * DotI8(q + 32 * s, b[i].qs + 32 * s, 32);
-      msum += m * Bsum32(b[i], s);
-    }
-    acc += BlockWithMin(a[i].d, a[i].dmin, b[i].d, isum, msum);
-  }
-  return acc;
+  return VecDotWithMinK<BlockQ5_K, UnpackQ5_K>(n, w, x);
 }
 
 float VecDotQ6_KQ8_K(int64_t n, const void* w, const void* x) {
