@@ -39,6 +39,8 @@ struct ServeArgs {
   int http_threads = 0;  // 0: max_queue + 16
   // Token-tree shape of speculative requests that give none.
   std::string tree = std::string(kDefaultTreeShape);
+  // "auto": adaptive tree depth per step (engine/spec_controller.h); "static": the full shape.
+  std::string spec_budget = "auto";
 };
 
 // Adds the serve options to `cmd`: the `serve` subcommand of `specinfer`, or the top-level app

@@ -30,15 +30,18 @@
 // Thread safety: one thread at a time (the owner of the runner and the KV cache).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <list>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "backend/backend.h"
 #include "engine/executor.h"
 #include "engine/sequence.h"
+#include "engine/spec_controller.h"
 #include "kv/kv_cache.h"
 
 namespace specinfer {
@@ -47,6 +50,12 @@ struct BatchOptions {
   int32_t max_sequences = 8;       // running at once
   int32_t max_batch_tokens = 512;  // tokens per pass: trees first, prefill chunks fill the rest
   bool blas_prefill = false;       // see the file comment
+  // How deep each step's trees go: kAuto lets the SpecController (engine/spec_controller.h)
+  // choose per step and sequence, kStatic always expands the request's full tree shape.
+  SpecBudgetMode spec_budget = SpecBudgetMode::kAuto;
+  // The controller to use (e.g. one an Engine keeps across its Generate calls, so its cost
+  // model is calibrated once); null: the scheduler's own.
+  std::shared_ptr<SpecController> controller;
 };
 
 class CoreScheduler {
@@ -67,6 +76,13 @@ class CoreScheduler {
     ForwardBatch batch;
     std::vector<std::list<Entry>::iterator> members;
     std::vector<LogitsRows> rows;  // per member
+    // For the controller: the choice made (if any sequence could speculate), when planning
+    // began, the drafts' seconds, and the decoding members' tokens before the step.
+    std::optional<SpecController::Choice> choice;
+    std::chrono::steady_clock::time_point start;
+    double draft_seconds = 0;
+    int32_t decoding = 0;
+    std::vector<int32_t> generated_before;  // per member
   };
 
   // `runner` (its model's configuration and kv_epoch(); MoveKv when committing) and `kv` must
@@ -95,6 +111,7 @@ class CoreScheduler {
   // KV blocks the running sequences may claim at their largest.
   int64_t reserved_kv_blocks() const { return reserved_blocks_; }
   const BatchOptions& options() const { return options_; }
+  const SpecController& spec_controller() const { return *controller_; }
 
  private:
   struct Entry {
@@ -106,12 +123,16 @@ class CoreScheduler {
   // Ends those that ended outside a step (cancelled by their owner, or asked for no tokens) and
   // those whose KV the runner lost (a remote LLM worker restarted).
   void Reap();
+  // Seeds the controller's pass-cost model with a few timed passes of 1..65 tokens (once, before
+  // the first step that may speculate under SpecBudgetMode::kAuto).
+  void Calibrate();
 
   ModelRunner& runner_;
   KvCacheManager& kv_;
   const BatchOptions options_;
   std::list<Entry> running_;  // in admission order (prefill is first come, first served)
   int64_t reserved_blocks_ = 0;
+  std::shared_ptr<SpecController> controller_;  // never null
 };
 
 }  // namespace specinfer

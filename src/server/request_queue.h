@@ -155,6 +155,8 @@ class RequestQueue {
   std::atomic<int64_t> waiting_head_{0};
   std::atomic<int64_t> running_{0};
   std::atomic<int64_t> kv_used_{0};
+  mutable std::mutex spec_mu_;  // guards spec_: the controller's figures after the last step
+  SpecControllerSnapshot spec_ SI_GUARDED_BY(spec_mu_);
   const int64_t kv_total_;
   std::thread worker_;
 };
