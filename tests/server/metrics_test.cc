@@ -44,7 +44,19 @@ TEST(ServerMetrics, RendersEveryFamily) {
   m.AddGeneratedTokens(7);
   m.CountFinished("stop");
   ServingGauges g{3, 1, 10, 545, 2};
+  g.spec_steps = 10;
+  g.spec_speculating_steps = 7;
+  g.spec_budget_tokens = 4;
+  g.spec_budget_tokens_mean = 2.5;
+  g.spec_predicted_gain = 1.5;
+  g.spec_measured_gain = 1.25;
   const std::string out = m.Render(g);
+  EXPECT_TRUE(HasLine(out, "specinfer_spec_controller_steps_total{speculating=\"true\"} 7"));
+  EXPECT_TRUE(HasLine(out, "specinfer_spec_controller_steps_total{speculating=\"false\"} 3"));
+  EXPECT_TRUE(HasLine(out, "specinfer_spec_budget_tokens 4"));
+  EXPECT_TRUE(HasLine(out, "specinfer_spec_budget_tokens_mean 2.5"));
+  EXPECT_TRUE(HasLine(out, "specinfer_spec_predicted_gain 1.5"));
+  EXPECT_TRUE(HasLine(out, "specinfer_spec_measured_gain 1.25"));
   EXPECT_TRUE(
       HasLine(out, "specinfer_requests_total{endpoint=\"/v1/completions\",code=\"200\"} 2"));
   EXPECT_TRUE(
