@@ -247,8 +247,8 @@ void CoreScheduler::Update(ScheduledStep& step, const PassOutput& pass) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - step.start).count() -
       step.draft_seconds;
-  controller_->ObserveStep(step.choice ? &*step.choice : nullptr, step.batch.size(), seconds,
-                          step.draft_seconds, emitted, step.decoding);
+  controller_->ObserveStep(step.choice ? &*step.choice : nullptr, step.batch.size(),
+                           pass.seconds, seconds, step.draft_seconds, emitted, step.decoding);
 }
 
 }  // namespace specinfer

@@ -42,6 +42,14 @@ int32_t PassCostModel::Bucket(double tokens) {
 
 void PassCostModel::Observe(double tokens, double seconds) {
   if (!(seconds >= 0) || !std::isfinite(seconds)) return;
+  if (!calibration_.empty()) {
+    const double cal = Interpolate(calibration_, tokens);
+    if (cal > 0) {
+      const double ratio = std::clamp(seconds / cal, 0.2, 20.0);
+      load_.Add(load_.count >= 2 ? std::clamp(ratio, 0.5 * load_.value, 2 * load_.value) : ratio,
+                0.1);
+    }
+  }
   Ewma& e = table_[Bucket(tokens)];
   if (e.count >= 2) seconds = std::clamp(seconds, 0.5 * e.value, 2 * e.value);
   e.Add(seconds, 0.2);
@@ -49,30 +57,36 @@ void PassCostModel::Observe(double tokens, double seconds) {
 
 void PassCostModel::Set(double tokens, double seconds) {
   if (!(seconds >= 0) || !std::isfinite(seconds)) return;
-  Ewma& e = table_[Bucket(tokens)];
-  e.value = seconds;
-  e.count = 1;
+  calibration_[Bucket(tokens)] = seconds;
+}
+
+double PassCostModel::Interpolate(const std::map<int32_t, double>& points, double x) {
+  if (points.empty()) return 0;
+  x = std::max(x, 1.0);
+  auto hi = points.lower_bound(static_cast<int32_t>(std::ceil(x)));
+  if (hi == points.begin()) return hi->second;  // below every known count: flat
+  auto lo = std::prev(hi);
+  if (hi != points.end()) {
+    const double x0 = lo->first, x1 = hi->first;
+    return x1 > x0 ? lo->second + (hi->second - lo->second) * (x - x0) / (x1 - x0) : hi->second;
+  }
+  // Past the largest known count: the known range's slope (flat with one point, which is
+  // optimistic, so the controller tries and measures the larger count).
+  const auto first = points.begin();
+  const double xl = lo->first, yl = lo->second;
+  double slope = 0;
+  if (lo != first && xl > first->first)
+    slope = std::max(0.0, (yl - first->second) / (xl - first->first));
+  return yl + slope * (x - xl);
 }
 
 double PassCostModel::Predict(double tokens) const {
-  if (table_.empty()) return 0;
-  const double x = std::max(tokens, 1.0);
-  auto hi = table_.lower_bound(static_cast<int32_t>(std::ceil(x)));
-  if (hi == table_.begin()) return hi->second.value;  // below every measured count: flat
-  auto lo = std::prev(hi);
-  if (hi != table_.end()) {
-    const double x0 = lo->first, x1 = hi->first;
-    const double y0 = lo->second.value, y1 = hi->second.value;
-    return x1 > x0 ? y0 + (y1 - y0) * (x - x0) / (x1 - x0) : y1;
-  }
-  // Past the largest measured count: the measured range's slope (flat with one point, which is
-  // optimistic, so the controller tries and measures the larger count).
-  const auto first = table_.begin();
-  const double xl = lo->first, yl = lo->second.value;
-  double slope = 0;
-  if (lo != first && xl > first->first)
-    slope = std::max(0.0, (yl - first->second.value) / (xl - first->first));
-  return yl + slope * (x - xl);
+  std::map<int32_t, double> points;
+  const double load = load_factor();
+  for (const auto& [t, v] : calibration_) points[t] = v * load;
+  for (const auto& [t, e] : table_)
+    if (e.count >= 2 || calibration_.empty()) points[t] = e.value;
+  return Interpolate(points, tokens);
 }
 
 void SpecController::ObserveTree(const std::string& key, int32_t cap,
@@ -90,7 +104,8 @@ SpecController::Choice SpecController::Choose(std::span<const Candidate> candida
   Choice ch;
   ch.depth.assign(n, 0);
   const double base_tokens = std::max(decoding, 0) + std::max(other_tokens, 0);
-  ch.plain_seconds = cost_.Predict(base_tokens);
+  const double overhead = overhead_.value;
+  ch.plain_seconds = cost_.Predict(base_tokens) + overhead;
   ch.predicted_seconds = ch.plain_seconds;
   ch.predicted_tokens = decoding;
 
@@ -137,7 +152,7 @@ SpecController::Choice SpecController::Choose(std::span<const Candidate> candida
   // Greedy increments by gain per cost, keeping the best prefix.
   if (!cost_.empty()) {
     const double slope =
-        std::max((cost_.Predict(base_tokens + 16) - ch.plain_seconds) / 16, 1e-7);
+        std::max((cost_.Predict(base_tokens + 16) + overhead - ch.plain_seconds) / 16, 1e-7);
     struct Inc {
       double ratio;
       size_t i;
@@ -165,7 +180,7 @@ SpecController::Choice SpecController::Choose(std::span<const Candidate> candida
       extra += m[inc.i][k];
       draft += s[inc.i];
       taken.push_back(inc);
-      const double seconds = cost_.Predict(base_tokens + extra) + draft;
+      const double seconds = cost_.Predict(base_tokens + extra) + overhead + draft;
       const double tput = seconds > 0 ? tokens / seconds : 0;
       spdlog::trace("  take {} d{}: {:.3f} tokens, T {:.2f}, {:.3f} ms, tput {:.3f} best {:.3f}",
                     inc.i, inc.d, tokens, base_tokens + extra, seconds * 1e3, tput, best);
@@ -202,10 +217,13 @@ SpecController::Choice SpecController::Choose(std::span<const Candidate> candida
   return ch;
 }
 
-void SpecController::ObserveStep(const Choice* choice, int32_t tokens, double seconds,
-                                 double draft_seconds, int64_t emitted, int32_t decoding) {
+void SpecController::ObserveStep(const Choice* choice, int32_t tokens, double pass_seconds,
+                                 double step_seconds, double draft_seconds, int64_t emitted,
+                                 int32_t decoding) {
   const double plain_step = choice != nullptr ? choice->plain_seconds : 0;
-  cost_.Observe(tokens, seconds);
+  cost_.Observe(tokens, pass_seconds);
+  overhead_.Add(std::max(step_seconds - pass_seconds, 0.0), 0.1);
+  const double seconds = step_seconds;
   if (choice == nullptr) return;
   std::lock_guard<std::mutex> lock(mu_);
   SpecControllerSnapshot& s = snapshot_;

@@ -71,22 +71,28 @@ struct AcceptanceModel {
                double alpha);
 };
 
-// t(T): seconds of a step by the tokens of its pass.
+// t(T): seconds of an LLM pass by its tokens. Two sources: a calibration curve (a few passes
+// timed once) and online passes (an EWMA per token count; once a count has a few observations,
+// one far off, a stall of the shared machine, moves it by at most a factor of 2). Counts seen
+// online at least twice use their own value; the others the calibration curve times the load
+// factor (EWMA of online / calibrated seconds), so both sources agree under a changing load.
 class PassCostModel {
  public:
-  // Online: an EWMA per token count; once a count has a few observations, one far off (a
-  // stall of the shared machine) moves it by at most a factor of 2 before averaging.
   void Observe(double tokens, double seconds);
-  // Replaces the value for `tokens` (a calibration).
+  // Sets the calibration curve's value for `tokens` (replacing an earlier one).
   void Set(double tokens, double seconds);
-  // Predicted seconds for `tokens`; interpolates between measured counts, extrapolates past the
-  // largest with the slope of the measured range (never below flat). 0 when nothing is measured.
+  // Predicted seconds for `tokens`; interpolates between known counts, extrapolates past the
+  // largest with the slope of the known range (never below flat). 0 when nothing is known.
   double Predict(double tokens) const;
-  bool empty() const { return table_.empty(); }
+  bool empty() const { return table_.empty() && calibration_.empty(); }
+  double load_factor() const { return load_.count > 0 ? load_.value : 1; }
 
  private:
   static int32_t Bucket(double tokens);
-  std::map<int32_t, Ewma> table_;  // bucket (token count) -> seconds
+  static double Interpolate(const std::map<int32_t, double>& points, double x);
+  std::map<int32_t, Ewma> table_;           // bucket (token count) -> seconds, online
+  std::map<int32_t, double> calibration_;  // token count -> seconds
+  Ewma load_;                               // online / calibrated seconds
 };
 
 // What the controller did lately, for /metrics and the benchmarks.
@@ -132,11 +138,12 @@ class SpecController {
                 int32_t max_tokens);
 
   // After a step planned by `choice` (null: one without decoding sequences that may
-  // speculate): its pass held `tokens` tokens, pass + verification + commit took `seconds`, its
-  // drafts `draft_seconds` (summed over sequences), and its `decoding` sequences emitted
-  // `emitted` tokens.
-  void ObserveStep(const Choice* choice, int32_t tokens, double seconds, double draft_seconds,
-                   int64_t emitted, int32_t decoding);
+  // speculate): its pass held `tokens` tokens and took `pass_seconds`, the whole step (planning,
+  // pass, verification, commit; drafts excluded) `step_seconds`, its drafts `draft_seconds`
+  // (summed over sequences), and its `decoding` sequences emitted `emitted` tokens. The step's
+  // time beyond the pass is the overhead, which the choice adds to every option alike.
+  void ObserveStep(const Choice* choice, int32_t tokens, double pass_seconds, double step_seconds,
+                   double draft_seconds, int64_t emitted, int32_t decoding);
   // A verified tree of a sequence of speculator set `key` (the global prior): drafted with depth
   // cap `cap` in `draft_seconds`, `nodes_at_depth[d - 1]` nodes at depth d, `accepted` accepted.
   void ObserveTree(const std::string& key, int32_t cap, std::span<const int32_t> nodes_at_depth,
@@ -155,6 +162,7 @@ class SpecController {
 
  private:
   PassCostModel cost_;
+  Ewma overhead_;  // seconds of a step beyond its pass and drafts
   bool calibrated_ = false;
   std::map<std::string, AcceptanceModel> global_;
   std::map<std::string, Ewma> draft_level_seconds_;  // per speculator set

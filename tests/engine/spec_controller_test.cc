@@ -27,9 +27,25 @@ TEST(PassCostModel, InterpolatesAndExtrapolates) {
   EXPECT_NEAR(m.Predict(5), 0.016, 1e-12);
 }
 
+TEST(PassCostModel, CalibrationCurveFollowsTheLoad) {
+  PassCostModel m;
+  m.Set(1, 0.010);
+  m.Set(9, 0.018);
+  EXPECT_FALSE(m.empty());
+  EXPECT_NEAR(m.Predict(5), 0.014, 1e-12);
+  // Online passes twice as slow as calibrated (a loaded machine): uncalibrated counts and
+  // counts seen online once follow the curve times the load factor, which moves towards 2.
+  for (int i = 0; i < 60; ++i) m.Observe(1, 0.020);
+  EXPECT_NEAR(m.load_factor(), 2.0, 0.01);
+  EXPECT_NEAR(m.Predict(1), 0.020, 1e-9);        // seen online: its own value
+  EXPECT_NEAR(m.Predict(5), 2 * 0.014, 0.0005);  // never seen: the curve, scaled
+  EXPECT_NEAR(m.Predict(9), 2 * 0.018, 0.0005);
+}
+
 // A controller whose cost model holds t(T) = a + b * T for T in [1, 64].
 void WithCost(SpecController& c, double a, double b) {
-  for (int t = 1; t <= 64; ++t) c.ObserveStep(nullptr, t, a + b * t, 0, 0, 0);
+  for (int t = 1; t <= 64; ++t)
+    for (int k = 0; k < 2; ++k) c.ObserveStep(nullptr, t, a + b * t, a + b * t, 0, 0, 0);
 }
 
 // A sequence that saw `trees` trees of a chain of `depth`, each accepting `accepted` tokens.
@@ -152,7 +168,7 @@ TEST(SpecController, SnapshotFollowsTheSteps) {
   const std::string key = "ngram";
   std::vector<AcceptanceModel> own(1, Seen(20, 4, 4));
   auto choice = c.Choose(Candidates(own, key, kChain4, 0), 1, 0, 512);
-  c.ObserveStep(&choice, 5, 0.0205, 0, 5, 1);
+  c.ObserveStep(&choice, 5, 0.0205, 0.0205, 0, 5, 1);
   const SpecControllerSnapshot s = c.Snapshot();
   EXPECT_EQ(s.steps, 1);
   EXPECT_EQ(s.speculating_steps, 1);
