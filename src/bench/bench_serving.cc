@@ -306,6 +306,9 @@ int RunBenchmark(int port, const std::string& what, const BenchSettings& bs) {
   std::printf("%-5s %-11s %8s %9s %9s %9s %9s %9s %9s %9s\n", "conc", "speculation", "req/s",
               "tok/s", "TTFT p50", "p90", "p99", "TPOT p50", "p90", "p99");
   RunOne(port, body(0, false));  // warm-up (page the weights in)
+  // And one speculative request: the adaptive controller's one-time calibration passes
+  // (engine/spec_controller.h) happen in its first step, outside the measured runs.
+  RunOne(port, body(0, true));
   std::map<int, std::string> text_off;  // request index -> text without speculation
   bool mismatch = false, failed = false;
   for (int c : concurrency) {
