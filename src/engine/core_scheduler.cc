@@ -97,7 +97,6 @@ CoreScheduler::ScheduledStep CoreScheduler::Schedule() {
     c.own = &q.speculation().acceptance();
     c.shape_nodes = q.speculation().shape_nodes();
     c.max_depth = q.max_spec_depth();
-    c.step = q.decode_passes();
     c.id = reinterpret_cast<uintptr_t>(&q) / alignof(Sequence);
     candidates.push_back(c);
     spec_seqs.push_back(&q);

@@ -202,9 +202,10 @@ SpecController::Choice SpecController::Choose(std::span<const Candidate> candida
   for (size_t i = 0; i < n; ++i) {
     const Candidate& c = candidates[i];
     if (ch.depth[i] < c.max_depth &&
-        (c.step + static_cast<int64_t>(c.id % kProbePeriod)) % kProbePeriod == 0)
+        (choices_ + static_cast<int64_t>(c.id % kProbePeriod)) % kProbePeriod == 0)
       ++ch.depth[i];
   }
+  ++choices_;
   for (size_t i = 0; i < n; ++i)
     for (int32_t d = 1; d <= ch.depth[i]; ++d) {
       const size_t k = static_cast<size_t>(d - 1);

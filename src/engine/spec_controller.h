@@ -22,7 +22,8 @@
 // when the batch is compute-bound (t grows as fast as the tokens) or the drafts fail (r small).
 //
 // Exploration: a sequence whose cap sits below what it may use probes one level deeper every
-// kProbePeriod of its steps (staggered across sequences), so a speculator that failed for a while
+// kProbePeriod of the controller's steps (staggered across sequences by id, so that short
+// requests probe too), so a speculator that failed for a while
 // can come back and t(T) keeps being measured beyond the chosen counts.
 //
 // Exactness: the caps are decided from past passes only, before anything is drafted, so each
@@ -120,8 +121,7 @@ class SpecController {
     const AcceptanceModel* own = nullptr;    // its own observations
     std::span<const int64_t> shape_nodes;    // nodes of its shape's full expansion per depth
     int32_t max_depth = 0;                   // deepest tree allowed now (0: cannot speculate)
-    int64_t step = 0;                        // its decode steps so far (probe schedule)
-    uint64_t id = 0;                         // staggers the probes
+    uint64_t id = 0;                         // staggers the probes across sequences
   };
   struct Choice {
     std::vector<int32_t> depth;  // per candidate: the depth cap (0: plain decoding)
@@ -162,6 +162,7 @@ class SpecController {
 
  private:
   PassCostModel cost_;
+  int64_t choices_ = 0;  // Choose calls (the probe clock)
   Ewma overhead_;  // seconds of a step beyond its pass and drafts
   bool calibrated_ = false;
   std::map<std::string, AcceptanceModel> global_;

@@ -58,8 +58,7 @@ AcceptanceModel Seen(int trees, int32_t depth, int32_t accepted) {
 
 std::vector<SpecController::Candidate> Candidates(const std::vector<AcceptanceModel>& own,
                                                   const std::string& key,
-                                                  const std::vector<int64_t>& shape,
-                                                  int64_t step) {
+                                                  const std::vector<int64_t>& shape) {
   std::vector<SpecController::Candidate> cs;
   for (size_t i = 0; i < own.size(); ++i) {
     SpecController::Candidate c;
@@ -67,8 +66,7 @@ std::vector<SpecController::Candidate> Candidates(const std::vector<AcceptanceMo
     c.own = &own[i];
     c.shape_nodes = shape;
     c.max_depth = static_cast<int32_t>(shape.size());
-    c.step = step;
-    c.id = 1 + 2 * i;  // never probing at step 0 ((0 + id) % 16 != 0)
+    c.id = 1 + 2 * i;  // never probing at the controller's first step ((0 + id) % 16 != 0)
     cs.push_back(c);
   }
   return cs;
@@ -82,7 +80,7 @@ TEST(SpecController, SpeculatesDeepWhenPassesAreMemoryBoundAndDraftsHit) {
   WithCost(c, 0.020, 0.0001);
   const std::string key = "ngram";
   std::vector<AcceptanceModel> own(1, Seen(20, 4, 4));
-  auto choice = c.Choose(Candidates(own, key, kChain4, 0), 1, 0, 512);
+  auto choice = c.Choose(Candidates(own, key, kChain4), 1, 0, 512);
   ASSERT_EQ(choice.depth.size(), 1u);
   EXPECT_EQ(choice.depth[0], 4);
   EXPECT_GT(choice.predicted_gain, 3.0);
@@ -96,7 +94,7 @@ TEST(SpecController, PlainDecodingWhenComputeBound) {
   WithCost(c, 0.0, 0.001);
   const std::string key = "ngram";
   std::vector<AcceptanceModel> own(16, Seen(20, 4, 3));
-  auto choice = c.Choose(Candidates(own, key, kChain4, 0), 16, 0, 512);
+  auto choice = c.Choose(Candidates(own, key, kChain4), 16, 0, 512);
   for (int32_t d : choice.depth) EXPECT_EQ(d, 0);
   EXPECT_EQ(choice.budget_tokens, 0);
   EXPECT_DOUBLE_EQ(choice.predicted_gain, 1.0);
@@ -108,7 +106,7 @@ TEST(SpecController, PlainDecodingWhenDraftsFail) {
   const std::string key = "layers:4";
   std::vector<AcceptanceModel> own(4, Seen(30, 4, 0));
   for (int i = 0; i < 30; ++i) c.ObserveTree(key, 4, std::vector<int32_t>{1, 1, 1, 1}, 0, 0.001);
-  auto choice = c.Choose(Candidates(own, key, kChain4, 0), 4, 0, 512);
+  auto choice = c.Choose(Candidates(own, key, kChain4), 4, 0, 512);
   for (int32_t d : choice.depth) EXPECT_EQ(d, 0);
 }
 
@@ -120,7 +118,7 @@ TEST(SpecController, DraftCostCountsAgainstSpeculation) {
   for (int i = 0; i < 30; ++i)
     c.ObserveTree(key, 4, std::vector<int32_t>{1, 1, 1, 1}, 1, 4 * 0.012);
   std::vector<AcceptanceModel> own(1, Seen(20, 4, 1));
-  auto choice = c.Choose(Candidates(own, key, kChain4, 0), 1, 0, 512);
+  auto choice = c.Choose(Candidates(own, key, kChain4), 1, 0, 512);
   EXPECT_EQ(choice.depth[0], 0);
 }
 
@@ -131,7 +129,7 @@ TEST(SpecController, GrowsWithAcceptanceBetweenTheExtremes) {
   WithCost(c, 0.010, 0.001);
   const std::string key = "ngram";
   std::vector<AcceptanceModel> own(8, Seen(40, 4, 1));
-  auto choice = c.Choose(Candidates(own, key, kChain4, 0), 8, 0, 512);
+  auto choice = c.Choose(Candidates(own, key, kChain4), 8, 0, 512);
   for (int32_t d : choice.depth) EXPECT_EQ(d, 1);
 }
 
@@ -141,8 +139,8 @@ TEST(SpecController, ProbesOneLevelDeeperEveryPeriod) {
   const std::string key = "ngram";
   std::vector<AcceptanceModel> own(1, Seen(20, 4, 0));
   int probes = 0;
-  for (int64_t step = 0; step < 4 * SpecController::kProbePeriod; ++step) {
-    auto choice = c.Choose(Candidates(own, key, kChain4, step), 1, 0, 512);
+  for (int32_t step = 0; step < 4 * SpecController::kProbePeriod; ++step) {
+    auto choice = c.Choose(Candidates(own, key, kChain4), 1, 0, 512);
     EXPECT_LE(choice.depth[0], 1);
     probes += choice.depth[0];
   }
@@ -155,7 +153,7 @@ TEST(SpecController, RespectsTheTokenBudget) {
   const std::string key = "ngram";
   std::vector<AcceptanceModel> own(8, Seen(20, 4, 4));
   // 8 roots + 4 other tokens leave 4 speculated tokens in a pass of 16.
-  auto choice = c.Choose(Candidates(own, key, kChain4, 0), 8, 4, 16);
+  auto choice = c.Choose(Candidates(own, key, kChain4), 8, 4, 16);
   int32_t total = 0;
   for (int32_t d : choice.depth) total += d;
   EXPECT_EQ(total, 4);
@@ -167,7 +165,7 @@ TEST(SpecController, SnapshotFollowsTheSteps) {
   WithCost(c, 0.020, 0.0001);
   const std::string key = "ngram";
   std::vector<AcceptanceModel> own(1, Seen(20, 4, 4));
-  auto choice = c.Choose(Candidates(own, key, kChain4, 0), 1, 0, 512);
+  auto choice = c.Choose(Candidates(own, key, kChain4), 1, 0, 512);
   c.ObserveStep(&choice, 5, 0.0205, 0.0205, 0, 5, 1);
   const SpecControllerSnapshot s = c.Snapshot();
   EXPECT_EQ(s.steps, 1);

@@ -347,7 +347,8 @@ void ExpectSampledTokensFollowTheLlm(const SamplingParams& sampling, int64_t n,
     // The controller's choice depends on earlier draws; what matters is that it speculated.
     std::printf("  adaptive: %lld accepted tokens in %lld passes\n",
                 static_cast<long long>(accepted), static_cast<long long>(passes));
-    EXPECT_GT(accepted, passes / 20) << "the controller hardly speculated: nothing tested";
+    // Under a heavy load it may speculate on little more than its probes (1 step in 16).
+    EXPECT_GT(accepted, passes / 100) << "the controller hardly speculated: nothing tested";
   }
 
   auto check = [&](const std::vector<double>& p, const std::vector<int64_t>& c, const char* what) {
