@@ -109,6 +109,7 @@ struct SpecControllerSnapshot {
 class SpecController {
  public:
   static constexpr int32_t kProbePeriod = 16;
+  static constexpr double kMinGain = 1.1;       // predicted tok/s over plain needed to speculate
   static constexpr double kSeqAlpha = 0.25;     // per-sequence acceptance
   static constexpr double kGlobalAlpha = 0.05;  // per-speculator-set acceptance
   static constexpr double kTimeAlpha = 0.2;     // step times
