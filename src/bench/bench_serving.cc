@@ -4,11 +4,15 @@
 // tokens/s, and the median / p90 / p99 of time to first token (TTFT: request sent -> first text)
 // and time per output token (TPOT: (last - first token time) / (tokens - 1), per request).
 // Requests are greedy, so every request's text must be the same with speculation on and off; the
-// program checks that and exits 1 if not.
+// program checks that and exits 1 if not. With --repeat R each concurrency runs off, on, off,
+// on, ... R times each and reports the median on/off tok/s ratio of the R pairs; after each "on"
+// run it reads the adaptive controller's figures from /metrics (chosen speculated tokens per
+// step, predicted and measured gain; engine/spec_controller.h). --json FILE writes every run.
 //
 //   bench_serving --model M [--tokenizer T] [--threads 2] [--concurrency 1,8,32]
 //                 [--requests 32] [--max-tokens 64] [--draft ngram] [--tree 1,1,1,1]
-//                 [--workload edit|open] [--chat-template chatml]
+//                 [--workload edit|open] [--chat-template chatml] [--repeat 1]
+//                 [--spec-budget auto|static] [--json FILE]
 //   bench_serving --cluster CONFIG [--model M [--tokenizer T]] [--specinfer PATH] ...
 //   bench_serving --model M --workload chat-multiturn [--conversations 16] [--turns 8]
 //                 [--max-tokens 24] [--rounds 2] [--json]
@@ -42,6 +46,8 @@
 #include <atomic>
 #include <cstdio>
 #include <map>
+#include <fstream>
+#include <httplib.h>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -134,9 +140,25 @@ double Percentile(std::vector<double> v, double p) {
   return v[i];
 }
 
-int RunBenchmark(int port, const std::string& what, const std::vector<int>& concurrency,
-                 int requests, int max_tokens, const std::string& draft, const std::string& tree,
-                 const std::string& workload);
+struct BenchSettings {
+  std::vector<int> concurrency;
+  int requests = 32, max_tokens = 64, repeat = 1;
+  std::string draft, tree, workload, json_path;
+};
+int RunBenchmark(int port, const std::string& what, const BenchSettings& b);
+
+// The value of the unlabelled sample `name` in a Prometheus exposition; -1 if absent.
+double MetricValue(const std::string& text, const std::string& name) {
+  for (size_t p = text.find("\n" + name + " "); p != std::string::npos;
+       p = text.find("\n" + name + " ", p + 1)) {
+    return std::atof(text.c_str() + p + name.size() + 2);
+  }
+  return -1;
+}
+double MetricLabelled(const std::string& text, const std::string& sample) {
+  const size_t p = text.find("\n" + sample + " ");
+  return p == std::string::npos ? -1 : std::atof(text.c_str() + p + sample.size() + 2);
+}
 
 // One run of the chat-multiturn workload against the daemon at `port`.
 struct ChatRun {
@@ -243,7 +265,7 @@ std::string SpecinferBeside(const std::string& given) {
 int RunChatBenchmark(const std::string& model, const std::string& tokenizer,
                      const std::string& chat_template, int threads, const std::string& cluster,
                      const std::string& specinfer_bin, int conversations, int turns,
-                     int max_tokens, int rounds, bool json_out) {
+                     int max_tokens, int rounds, const std::string& json_path) {
   std::vector<ChatRun> runs;
   for (int r = 0; r < rounds; ++r) {
     for (int k = 0; k < 2; ++k) {
@@ -359,7 +381,7 @@ int RunChatBenchmark(const std::string& model, const std::string& tokenizer,
   const std::string what =
       cluster.empty() ? "model " + model + ", " + std::to_string(threads) + " threads"
                       : "cluster " + cluster;
-  if (json_out) {
+  if (!json_path.empty()) {
     json out = {{"workload", "chat-multiturn"},
                 {"target", what},
                 {"conversations", conversations},
@@ -370,8 +392,13 @@ int RunChatBenchmark(const std::string& model, const std::string& tokenizer,
                 {"same_outputs", !mismatch},
                 {"failed", failed}};
     for (const ChatRun& r : runs) out["runs"].push_back(row(r));
-    std::printf("%s\n", out.dump(2).c_str());
-  } else {
+    if (json_path == "-") {
+      std::printf("%s\n", out.dump(2).c_str());
+    } else {
+      std::ofstream(json_path) << out.dump(2) << "\n";
+    }
+  }
+  if (json_path != "-") {
     std::printf("%s, workload chat-multiturn: %d conversations x %d turns, %d tokens per answer\n",
                 what.c_str(), conversations, turns, max_tokens);
     std::printf("%-4s %-6s %8s %9s %9s %9s %9s %11s %9s %9s\n", "run", "cache", "req/s", "tok/s",
@@ -401,11 +428,11 @@ int Main(int argc, char** argv) {
   CLI::App app{"specinfer serving load benchmark"};
   std::string model, tokenizer, draft = "ngram", tree = "1,1,1,1", workload = "edit",
       chat_template;
-  int threads = 2, requests = 32, max_tokens = 64;
+  int threads = 2, requests = 32, max_tokens = 64, repeat = 1;
+  std::string spec_budget = "auto", json_path;
   std::vector<int> concurrency = {1, 8, 32};
   std::string cluster, specinfer_bin;
   int conversations = 16, turns = 8, rounds = 2;
-  bool json_out = false;
   app.add_option("-m,--model", model, "Model file (with --cluster: replaces the config's)");
   app.add_option("--cluster", cluster, "Benchmark a deployment started from this cluster config");
   app.add_option("--specinfer", specinfer_bin, "The specinfer binary (default: beside this one)");
@@ -431,8 +458,16 @@ int Main(int argc, char** argv) {
       ->check(CLI::Range(1, 64));
   app.add_option("--rounds", rounds, "chat-multiturn: pairs of runs (cache on and off)")
       ->check(CLI::Range(1, 100));
-  app.add_flag("--json", json_out, "chat-multiturn: print one JSON object instead of the table");
+  app.add_option("--repeat", repeat, "Alternating off/on runs per concurrency (median ratio)")
+      ->check(CLI::Range(1, 100));
+  app.add_option("--spec-budget", spec_budget,
+                 "In-process server: auto (adaptive tree depth) or static (full shape)")
+      ->check(CLI::IsMember({"auto", "static"}));
+  app.add_option("--json", json_path,
+                 "Write every run's figures and the medians to this file ('-': standard output, "
+                 "instead of the table; chat-multiturn only)");
   CLI11_PARSE(app, argc, argv);
+  BenchSettings bs{concurrency, requests, max_tokens, repeat, draft, tree, workload, json_path};
   spdlog::set_level(spdlog::level::warn);
   if (model.empty() && cluster.empty()) {
     std::fprintf(stderr, "error: --model or --cluster is required\n");
@@ -441,7 +476,7 @@ int Main(int argc, char** argv) {
 
   if (workload == "chat-multiturn") {
     return RunChatBenchmark(model, tokenizer, chat_template, threads, cluster, specinfer_bin,
-                            conversations, turns, max_tokens, rounds, json_out);
+                            conversations, turns, max_tokens, rounds, json_path);
   }
   const int max_c = *std::max_element(concurrency.begin(), concurrency.end());
   if (!cluster.empty()) {
@@ -466,9 +501,9 @@ int Main(int argc, char** argv) {
       }
       return 1;
     }
-    if (draft_opt->count() == 0) draft.clear();  // the deployment's speculators
-    const int rc = RunBenchmark(child.port, "cluster " + cluster + (model.empty() ? "" : " (model " + model + ")"),
-                                concurrency, requests, max_tokens, draft, tree, workload);
+    if (draft_opt->count() == 0) bs.draft.clear();  // the deployment's speculators
+    const int rc = RunBenchmark(
+        child.port, "cluster " + cluster + (model.empty() ? "" : " (model " + model + ")"), bs);
     kill(child.pid, SIGTERM);
     int status = 0;
     waitpid(child.pid, &status, 0);
@@ -481,6 +516,7 @@ int Main(int argc, char** argv) {
   o.engine.context_length = 2048;
   o.chat_template = chat_template;  // KV for max_c sequences stays small
   o.queue.batch.max_sequences = max_c;
+  ParseSpecBudgetMode(spec_budget, &o.queue.batch.spec_budget);
   o.queue.max_queue = std::max(64, 2 * max_c);
   o.http.port = 0;
   o.http.threads = max_c + 8;
@@ -492,15 +528,23 @@ int Main(int argc, char** argv) {
   }
   std::unique_ptr<InferenceServer> server = std::move(server_or).value();
   const int rc = RunBenchmark(server->http_port(),
-                              "model " + model + ", " + std::to_string(threads) + " threads",
-                              concurrency, requests, max_tokens, draft, tree, workload);
+                              "model " + model + ", " + std::to_string(threads) +
+                                  " threads, spec budget " + spec_budget,
+                              bs);
   server->Shutdown();
   return rc;
 }
 
-int RunBenchmark(int port, const std::string& what, const std::vector<int>& concurrency,
-                 int requests, int max_tokens, const std::string& draft, const std::string& tree,
-                 const std::string& workload) {
+int RunBenchmark(int port, const std::string& what, const BenchSettings& bs) {
+  const std::vector<int>& concurrency = bs.concurrency;
+  const int requests = bs.requests, max_tokens = bs.max_tokens;
+  const std::string &draft = bs.draft, &tree = bs.tree, &workload = bs.workload;
+  json runs = json::array();
+  auto scrape = [&] {
+    httplib::Client cli("127.0.0.1", port);
+    auto r = cli.Get("/metrics");
+    return r && r->status == 200 ? r->body : std::string();
+  };
 
   std::vector<int> tree_widths;
   for (size_t p = 0, q; p < tree.size(); p = q + 1) {
@@ -531,12 +575,18 @@ int RunBenchmark(int port, const std::string& what, const std::vector<int>& conc
   std::printf("%-5s %-11s %8s %9s %9s %9s %9s %9s %9s %9s\n", "conc", "speculation", "req/s",
               "tok/s", "TTFT p50", "p90", "p99", "TPOT p50", "p90", "p99");
   RunOne(port, body(0, false));  // warm-up (page the weights in)
+  // And one speculative request: the adaptive controller's one-time calibration passes
+  // (engine/spec_controller.h) happen in its first step, outside the measured runs.
+  RunOne(port, body(0, true));
   std::map<int, std::string> text_off;  // request index -> text without speculation
   bool mismatch = false, failed = false;
   for (int c : concurrency) {
     const int n = std::max(requests, c);
     double tok_s_off = 0;
-    for (bool speculate : {false, true}) {
+    std::vector<double> ratios;
+    for (int rep = 0; rep < 2 * bs.repeat; ++rep) {
+      const bool speculate = rep % 2 == 1;
+      const std::string before = speculate ? scrape() : std::string();
       std::vector<Sample> samples(n);
       std::atomic<int> next{0};
       const auto t0 = Clock::now();
@@ -569,10 +619,54 @@ int RunBenchmark(int port, const std::string& what, const std::vector<int>& conc
                   speculate ? "on" : "off", n / wall, tok_s, Percentile(ttft, 0.5),
                   Percentile(ttft, 0.9), Percentile(ttft, 0.99), Percentile(tpot, 0.5),
                   Percentile(tpot, 0.9), Percentile(tpot, 0.99));
-      if (speculate && tok_s_off > 0) std::printf("   (%.2fx tok/s)", tok_s / tok_s_off);
+      json run = {{"concurrency", c}, {"speculation", speculate}, {"requests", n},
+                  {"tokens", tokens}, {"seconds", wall}, {"tok_s", tok_s},
+                  {"ttft_p50_ms", Percentile(ttft, 0.5)}, {"tpot_p50_ms", Percentile(tpot, 0.5)}};
+      if (speculate && tok_s_off > 0) {
+        std::printf("   (%.2fx tok/s)", tok_s / tok_s_off);
+        ratios.push_back(tok_s / tok_s_off);
+        run["ratio"] = tok_s / tok_s_off;
+      }
+      if (speculate) {
+        // The run's decode passes and accepted tokens, and the controller's figures.
+        const std::string after = scrape();
+        const double passes = MetricValue(after, "specinfer_spec_llm_passes_total") -
+                              MetricValue(before, "specinfer_spec_llm_passes_total");
+        const double steps_on =
+            MetricLabelled(after, "specinfer_spec_controller_steps_total{speculating=\"true\"}") -
+            MetricLabelled(before, "specinfer_spec_controller_steps_total{speculating=\"true\"}");
+        const double steps_off =
+            MetricLabelled(after, "specinfer_spec_controller_steps_total{speculating=\"false\"}") -
+            MetricLabelled(before, "specinfer_spec_controller_steps_total{speculating=\"false\"}");
+        const double tpp = passes > 0 ? tokens / passes : 0;
+        const double budget = MetricValue(after, "specinfer_spec_budget_tokens_mean");
+        const double pred = MetricValue(after, "specinfer_spec_predicted_gain");
+        const double meas = MetricValue(after, "specinfer_spec_measured_gain");
+        std::printf("   tok/pass %.2f, speculating steps %.0f/%.0f, budget %.1f tok/step, "
+                    "gain predicted %.2f measured %.2f",
+                    tpp, steps_on, steps_on + steps_off, budget, pred, meas);
+        run["tokens_per_pass"] = tpp;
+        run["speculating_steps"] = steps_on;
+        run["controller_steps"] = steps_on + steps_off;
+        run["budget_tokens_mean"] = budget;
+        run["predicted_gain"] = pred;
+        run["measured_gain"] = meas;
+      }
+      runs.push_back(run);
       std::printf("\n");
       std::fflush(stdout);
     }
+    if (bs.repeat > 1) {
+      std::vector<double> r = ratios;
+      std::sort(r.begin(), r.end());
+      std::printf("%-5d median on/off tok/s ratio of %zu pairs: %.2fx\n", c, r.size(),
+                  r.empty() ? 0.0 : r[r.size() / 2]);
+    }
+  }
+  if (!bs.json_path.empty()) {
+    json doc = {{"what", what},       {"workload", workload}, {"max_tokens", max_tokens},
+                {"draft", draft},     {"tree", tree},         {"runs", runs}};
+    std::ofstream(bs.json_path) << doc.dump(2) << "\n";
   }
   std::printf("times in ms; TTFT from sending the request; TPOT per request after its first "
               "token\n");

@@ -10,6 +10,8 @@
 // and each speculation setting, greedy generation of --tokens tokens: median decode tokens per
 // second over --runs runs, generated tokens per LLM pass, and the speed-up over incremental
 // decoding measured in the same run. Every speculative output is checked to equal the
+// Rows marked "(auto)" run with the adaptive controller (engine/spec_controller.h), which cuts
+// the tree each step; the others expand their full shape (--spec-budget static).
 // incremental one token for token; a mismatch is reported and fails the benchmark.
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -50,6 +52,7 @@ struct Setting {
   std::string label;
   std::vector<std::string> drafts;
   std::string tree;
+  bool adaptive = false;  // --spec-budget auto: the controller cuts the tree each step
 };
 
 // CPU time of this process (all its threads), seconds.
@@ -129,12 +132,19 @@ int main(int argc, char** argv) {
   o.model_path = model_path;
   o.num_threads = threads;
   o.dequantize = dequantize;
+  o.spec_budget = SpecBudgetMode::kStatic;  // rows name their shape; "auto" rows use `adaptive`
   auto engine_or = Engine::Create(o);
   if (!engine_or.ok()) {
     std::fprintf(stderr, "error: %s\n", engine_or.status().ToString().c_str());
     return 1;
   }
   Engine& engine = **engine_or;
+  o.spec_budget = SpecBudgetMode::kAuto;
+  auto adaptive_or = Engine::Create(o);
+  if (!adaptive_or.ok()) {
+    std::fprintf(stderr, "error: %s\n", adaptive_or.status().ToString().c_str());
+    return 1;
+  }
   const int32_t layers = engine.model().config().n_layers;
   std::printf("model: %s (%d layers%s), %d threads, %d tokens, median of %d runs\n\n",
               model_path.c_str(), layers, dequantize ? ", weights as float32" : "", threads,
@@ -186,6 +196,9 @@ int main(int argc, char** argv) {
       {"ngram:1", {"ngram:1"}, "1,1,1,1"},
       {self, {self}, "1,1"},
       {"ngram + " + self, {"ngram", self}, "1,1,1,1"},
+      {"ngram (auto)", {"ngram"}, "1,1,1,1", true},
+      {"ngram (auto)", {"ngram"}, "1,1,1,1,1,1,1,1", true},
+      {"ngram + " + self + " (auto)", {"ngram", self}, "1,1,1,1", true},
   };
 
   bool all_equal = true;
@@ -210,8 +223,9 @@ int main(int argc, char** argv) {
       req.sampling.temperature = 0;
       // Generate a fixed number of tokens: an early end of turn would make runs incomparable.
       if (!s.tree.empty()) req.tree_shape = *TreeShape::Parse(s.tree);
+      Engine& e = s.adaptive ? **adaptive_or : engine;
       for (const std::string& d : s.drafts) {
-        auto sp = engine.GetSpeculator(d);
+        auto sp = e.GetSpeculator(d);
         if (!sp.ok()) {
           std::fprintf(stderr, "error: %s\n", sp.status().ToString().c_str());
           return 1;
@@ -221,7 +235,7 @@ int main(int argc, char** argv) {
       std::vector<double> rate, per_pass, draft_share;
       std::vector<int32_t> out;
       for (int r = 0; r < runs; ++r) {
-        auto res = engine.Generate(req);
+        auto res = e.Generate(req);
         if (!res.ok()) {
           std::fprintf(stderr, "error: %s\n", res.status().ToString().c_str());
           return 1;

@@ -62,6 +62,7 @@ struct GenerateArgs {
   std::string chat_template;  // empty: the model's own
   std::string system;
   std::string tree = std::string(kDefaultTreeShape);  // SpecInfer's example expansion
+  std::string spec_budget = "auto";                   // engine/spec_controller.h
 };
 
 void AddEngineOptions(CLI::App* cmd, EngineOptions& o) {
@@ -103,6 +104,7 @@ int RunGenerate(const GenerateArgs& a) {
     }
   }
   EngineOptions engine_options = a.engine;
+  ParseSpecBudgetMode(a.spec_budget, &engine_options.spec_budget);  // checked by CLI11
   if (::isatty(STDERR_FILENO)) {
     // A percentage on the terminal while the weights are paged in (large models take a while).
     engine_options.load_progress = [last = -1](double frac) mutable {
@@ -257,6 +259,11 @@ int main(int argc, char** argv) {
                        "vocabulary)");
   generate->add_option("--tree", gen.tree,
                        "Token tree expansion <k1,...,km>: children per node at each depth")
+      ->capture_default_str();
+  generate->add_option("--spec-budget", gen.spec_budget,
+                       "auto: each step cuts the tree to the depth that maximises measured "
+                       "throughput (0: plain decoding); static: always the full tree shape")
+      ->check(CLI::IsMember({"auto", "static"}))
       ->capture_default_str();
 
   ServeArgs serve_args;

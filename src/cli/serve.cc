@@ -53,6 +53,11 @@ void AddServeOptions(CLI::App* cmd, ServeArgs& a) {
                   "the default for requests that enable speculation (else ngram)");
   cmd->add_option("--tree", a.tree, "Default token-tree shape of speculative requests")
       ->capture_default_str();
+  cmd->add_option("--spec-budget", a.spec_budget,
+                  "auto: each step cuts trees to the depth that maximises measured throughput "
+                  "(0: plain decoding); static: always the full tree shape")
+      ->check(CLI::IsMember({"auto", "static"}))
+      ->capture_default_str();
   cmd->add_flag("--dequantize", a.engine.dequantize,
                 "Convert the weights to float32 at load (full precision; 4 bytes per weight)");
   cmd->add_option("--backend", a.engine.backend, "Where the model runs: cpu, or cuda (GPU 0)")
@@ -90,6 +95,7 @@ int RunServe(const ServeArgs& a) {
   o.queue.batch.max_sequences = a.max_batch;
   o.queue.batch.max_batch_tokens = a.max_batch_tokens;
   o.queue.batch.prefix_cache = !a.no_prefix_cache;
+  ParseSpecBudgetMode(a.spec_budget, &o.queue.batch.spec_budget);  // checked by CLI11
   auto tree = TreeShape::Parse(a.tree);
   if (!tree.ok()) {
     std::fprintf(stderr, "error: %s\n", tree.status().ToString().c_str());

@@ -40,6 +40,8 @@ struct ServeArgs {
   bool no_prefix_cache = false;  // turns automatic prefix caching off (kv/kv_cache.h)
   // Token-tree shape of speculative requests that give none.
   std::string tree = std::string(kDefaultTreeShape);
+  // "auto": adaptive tree depth per step (engine/spec_controller.h); "static": the full shape.
+  std::string spec_budget = "auto";
 };
 
 // Adds the serve options to `cmd`: the `serve` subcommand of `specinfer`, or the top-level app

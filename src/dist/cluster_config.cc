@@ -9,6 +9,7 @@
 #include "backend/registry.h"
 #include "spec/spec_grammar.h"
 #include "spec/speculator.h"
+#include "engine/spec_controller.h"
 #include "spec/token_tree.h"
 
 namespace specinfer {
@@ -194,7 +195,7 @@ StatusOr<ClusterConfig> Parse(const YAML::Node& root, const std::string& source)
   if (top.Has("manager")) {
     Reader r(top.Get("manager"), "manager", source);
     SI_RETURN_IF_ERROR(r.Keys({"host", "bind", "http_port", "grpc_port", "threads", "tree",
-                               "served_model_name", "chat_template", "rpc_timeout_ms",
+                               "spec_budget", "served_model_name", "chat_template", "rpc_timeout_ms",
                                "probe_interval_ms",
                                "drain_timeout_s"}));
     SI_RETURN_IF_ERROR(r.Str("host", &c.manager.endpoint.host));
@@ -218,6 +219,9 @@ StatusOr<ClusterConfig> Parse(const YAML::Node& root, const std::string& source)
       auto shape = TreeShape::Parse(c.manager.tree);
       if (!shape.ok()) return r.Error("tree", shape.status().message());
     }
+    SI_RETURN_IF_ERROR(r.Str("spec_budget", &c.manager.spec_budget));
+    if (SpecBudgetMode m; !ParseSpecBudgetMode(c.manager.spec_budget, &m))
+      return r.Error("spec_budget", "'" + c.manager.spec_budget + "' is not auto or static");
     SI_RETURN_IF_ERROR(r.Str("served_model_name", &c.manager.served_model_name));
     SI_RETURN_IF_ERROR(r.Str("chat_template", &c.manager.chat_template));
     SI_RETURN_IF_ERROR(r.Int32("rpc_timeout_ms", 10, 600000, &c.manager.rpc_timeout_ms));

@@ -369,6 +369,7 @@ StatusOr<InferenceServerOptions> ManagerOptions(const ClusterConfig& c,
   o.queue.batch.max_sequences = c.limits.max_batch;
   o.queue.batch.max_batch_tokens = c.limits.max_batch_tokens;
   o.queue.batch.prefix_cache = c.limits.prefix_cache;
+  ParseSpecBudgetMode(c.manager.spec_budget, &o.queue.batch.spec_budget);  // checked at load
   SI_ASSIGN_OR_RETURN(o.queue.default_tree, TreeShape::Parse(c.manager.tree));
   const std::string bind = c.manager.bind.empty() ? c.manager.endpoint.address : c.manager.bind;
   o.http.host = bind;

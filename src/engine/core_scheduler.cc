@@ -1,14 +1,23 @@
 #include "engine/core_scheduler.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <map>
 #include <utility>
+
+#include <spdlog/spdlog.h>
 
 #include "engine/guarded.h"
 
 namespace specinfer {
 
 CoreScheduler::CoreScheduler(ModelRunner& runner, KvCacheManager& kv, BatchOptions options)
-    : runner_(runner), kv_(kv), options_(options), cache_epoch_(runner.kv_epoch()) {
+    : runner_(runner),
+      kv_(kv),
+      options_(options),
+      cache_epoch_(runner.kv_epoch()),
+      controller_(options_.controller ? options_.controller
+                                       : std::make_shared<SpecController>()) {
   kv_.set_prefix_caching(options_.prefix_cache && !options_.blas_prefill);
 }
 
@@ -76,13 +85,70 @@ void CoreScheduler::Reap() {
 
 CoreScheduler::ScheduledStep CoreScheduler::Schedule() {
   ScheduledStep step;
+  step.start = std::chrono::steady_clock::now();
   Reap();
   if (running_.empty()) return step;
+
+  // How deep each decoding sequence's tree goes this step (spec_controller.h): candidates are
+  // the sequences that may speculate; the others' roots and the prefill chunks likely to join
+  // are the pass's other tokens.
+  std::vector<SpecController::Candidate> candidates;
+  std::vector<Sequence*> spec_seqs;
+  int32_t num_decoding = 0, prefill = 0;
+  for (auto& e : running_) {
+    Sequence& q = *e.seq;
+    if (q.phase() == Sequence::Phase::kPrefill) {
+      prefill += std::min(q.prefill_remaining(), q.request().prefill_chunk);
+      continue;
+    }
+    if (q.phase() != Sequence::Phase::kDecode) continue;
+    ++num_decoding;
+    if (q.max_spec_depth() <= 0) continue;
+    SpecController::Candidate c;
+    c.key = &q.speculation().key();
+    c.own = &q.speculation().acceptance();
+    c.shape_nodes = q.speculation().shape_nodes();
+    c.max_depth = q.max_spec_depth();
+    c.id = reinterpret_cast<uintptr_t>(&q) / alignof(Sequence);
+    candidates.push_back(c);
+    spec_seqs.push_back(&q);
+  }
+  step.decoding = num_decoding;
+  if (!candidates.empty() && options_.spec_budget == SpecBudgetMode::kAuto && !controller_->calibrated())
+    Calibrate();
+  std::map<const Sequence*, int32_t> cap;
+  if (!candidates.empty()) {
+    const int32_t others = num_decoding - static_cast<int32_t>(candidates.size()) +
+                           std::min(prefill, std::max(options_.max_batch_tokens - num_decoding, 0));
+    if (options_.spec_budget == SpecBudgetMode::kAuto) {
+      step.choice = controller_->Choose(candidates, static_cast<int32_t>(candidates.size()), others,
+                                       options_.max_batch_tokens);
+    } else {
+      SpecController::Choice full;
+      for (const auto& c : candidates) {
+        full.depth.push_back(c.max_depth);
+        for (int32_t d = 0; d < c.max_depth && d < static_cast<int32_t>(c.shape_nodes.size()); ++d)
+          full.budget_tokens += c.shape_nodes[static_cast<size_t>(d)];
+      }
+      full.plain_seconds = controller_->cost().Predict(num_decoding + others);
+      step.choice = std::move(full);
+    }
+    for (size_t i = 0; i < spec_seqs.size(); ++i) cap[spec_seqs[i]] = step.choice->depth[i];
+    spdlog::debug("spec controller: {} decoding, {} other tokens; budget {} tokens, first depth "
+                  "{}; predicted {:.2f} tokens in {:.2f} ms, plain {:.2f} ms, gain {:.2f}",
+                  num_decoding, others, step.choice->budget_tokens, step.choice->depth[0],
+                  step.choice->predicted_tokens, step.choice->predicted_seconds * 1e3,
+                  step.choice->plain_seconds * 1e3, step.choice->predicted_gain);
+  }
+  auto cap_of = [&](const Sequence* q) {
+    auto it = cap.find(q);
+    return it == cap.end() ? 0 : it->second;
+  };
 
   // Speculators that work in the background (remote SSM workers) start every sequence's
   // proposal at once, so the step's drafts overlap across sequences and replicas.
   for (auto& e : running_)
-    if (e.seq->phase() == Sequence::Phase::kDecode) e.seq->BeginDraft();
+    if (e.seq->phase() == Sequence::Phase::kDecode) e.seq->BeginDraft(cap_of(e.seq.get()));
 
   // Every decoding sequence's tree, then prefill chunks in admission order.
   ForwardBatch& batch = step.batch;
@@ -91,11 +157,13 @@ CoreScheduler::ScheduledStep CoreScheduler::Schedule() {
     auto next = std::next(it);
     if (it->seq->phase() == Sequence::Phase::kDecode) {
       const auto first_row = static_cast<int32_t>(batch.logit_rows.size());
-      auto size = Guarded("drafting", [&] { return it->seq->PlanDecode(batch); });
+      auto size = Guarded("drafting",
+                          [&] { return it->seq->PlanDecode(batch, cap_of(it->seq.get())); });
       if (!size.ok()) {
         Complete(it, size.status().WithContext("drafting"));
       } else {
         tokens += *size;
+        step.draft_seconds += it->seq->speculation().last_draft_seconds();
         step.members.push_back(it);
         step.rows.push_back(LogitsRows{first_row, *size});
       }
@@ -124,14 +192,51 @@ CoreScheduler::ScheduledStep CoreScheduler::Schedule() {
   return step;
 }
 
+void CoreScheduler::Calibrate() {
+  controller_->set_calibrated();
+  // Passes of a scratch sequence, a chain of T tokens with every row's logits (as a tree pass
+  // has), timed after one warm-up pass; only within the KV blocks nobody may claim.
+  const int32_t vocab = runner_.model().config().vocab_size;
+  const int32_t free = kv_.num_blocks() - static_cast<int32_t>(reserved_blocks_);
+  std::vector<float> logits;
+  const SeqId seq = kv_.AddSequence();
+  for (int32_t t : {1, 1, 2, 3, 5, 9, 17, 33, 65}) {
+    if (t > options_.max_batch_tokens || (t + kv_.block_size() - 1) / kv_.block_size() > free)
+      break;
+    ForwardBatch batch;
+    std::vector<int32_t> toks(static_cast<size_t>(t), 0), pos(static_cast<size_t>(t));
+    for (int32_t i = 0; i < t; ++i) pos[static_cast<size_t>(i)] = i;
+    if (!kv_.Reserve(seq, t).ok()) break;
+    batch.AddSequence(seq, toks, pos, 0, nullptr);
+    for (int32_t i = 0; i < t; ++i) batch.logit_rows.push_back(i);
+    logits.resize(static_cast<size_t>(t) * vocab);
+    const auto t0 = std::chrono::steady_clock::now();
+    Status s = Guarded("calibration pass", [&] { return runner_.Forward(batch, kv_, logits); });
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    kv_.Truncate(seq, 0);
+    if (!s.ok()) {
+      spdlog::warn("speculation cost calibration stopped: {}", s.ToString());
+      break;
+    }
+    controller_->ObserveCalibration(t, seconds);
+    spdlog::debug("speculation cost calibration: {} tokens in {:.2f} ms", t, seconds * 1e3);
+  }
+  kv_.RemoveSequence(seq);
+}
+
 void CoreScheduler::Update(ScheduledStep& step, const PassOutput& pass) {
   if (!pass.status.ok()) {
     for (auto it : step.members) Complete(it, pass.status);
     return;
   }
   for (auto it : step.members) it->seq->AddPassSeconds(pass.seconds);
+  step.generated_before.clear();
+  for (auto it : step.members) step.generated_before.push_back(it->seq->generated());
 
-  // Verify and commit each tree; report those that ended.
+  // Verify and commit each tree; report those that ended. The controller learns the step's
+  // time by its tokens and each tree's acceptance.
+  int64_t emitted = 0;
   for (size_t i = 0; i < step.members.size(); ++i) {
     auto it = step.members[i];
     if (step.rows[i].count == 0) {  // a prefill chunk
@@ -139,6 +244,14 @@ void CoreScheduler::Update(ScheduledStep& step, const PassOutput& pass) {
       continue;
     }
     Status s = Guarded("commit", [&] { return it->seq->Commit(pass.rows[i], runner_); });
+    if (s.ok()) {
+      const Sequence& q = *it->seq;
+      emitted += q.generated() - step.generated_before[i];
+      const SpeculativeStep::TreeReport& t = q.speculation().last_tree();
+      if (t.cap > 0)
+        controller_->ObserveTree(q.speculation().key(), t.cap, t.nodes_at_depth, t.accepted,
+                                t.draft_seconds);
+    }
     if (!s.ok()) {
       Complete(it, s);
       continue;
@@ -146,6 +259,11 @@ void CoreScheduler::Update(ScheduledStep& step, const PassOutput& pass) {
     it->seq->CacheCommittedKv();
     if (it->seq->phase() == Sequence::Phase::kDone) Complete(it, std::move(it->seq->result()));
   }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - step.start).count() -
+      step.draft_seconds;
+  controller_->ObserveStep(step.choice ? &*step.choice : nullptr, step.batch.size(),
+                           pass.seconds, seconds, step.draft_seconds, emitted, step.decoding);
 }
 
 }  // namespace specinfer

@@ -37,15 +37,18 @@
 // Thread safety: one thread at a time (the owner of the runner and the KV cache).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <list>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "backend/backend.h"
 #include "engine/executor.h"
 #include "engine/sequence.h"
+#include "engine/spec_controller.h"
 #include "kv/kv_cache.h"
 
 namespace specinfer {
@@ -57,6 +60,12 @@ struct BatchOptions {
   // Automatic prefix caching (kv/kv_cache.h): newcomers attach the KV of the longest prompt
   // prefix that earlier sequences committed, and prefill only the rest. Off with blas_prefill.
   bool prefix_cache = true;
+  // How deep each step's trees go: kAuto lets the SpecController (engine/spec_controller.h)
+  // choose per step and sequence, kStatic always expands the request's full tree shape.
+  SpecBudgetMode spec_budget = SpecBudgetMode::kAuto;
+  // The controller to use (e.g. one an Engine keeps across its Generate calls, so its cost
+  // model is calibrated once); null: the scheduler's own.
+  std::shared_ptr<SpecController> controller;
 };
 
 class CoreScheduler {
@@ -77,6 +86,13 @@ class CoreScheduler {
     ForwardBatch batch;
     std::vector<std::list<Entry>::iterator> members;
     std::vector<LogitsRows> rows;  // per member
+    // For the controller: the choice made (if any sequence could speculate), when planning
+    // began, the drafts' seconds, and the decoding members' tokens before the step.
+    std::optional<SpecController::Choice> choice;
+    std::chrono::steady_clock::time_point start;
+    double draft_seconds = 0;
+    int32_t decoding = 0;
+    std::vector<int32_t> generated_before;  // per member
   };
 
   // `runner` (its model's configuration and kv_epoch(); MoveKv when committing) and `kv` must
@@ -105,6 +121,7 @@ class CoreScheduler {
   // KV blocks the running sequences may claim at their largest.
   int64_t reserved_kv_blocks() const { return reserved_blocks_; }
   const BatchOptions& options() const { return options_; }
+  const SpecController& spec_controller() const { return *controller_; }
 
  private:
   struct Entry {
@@ -118,6 +135,9 @@ class CoreScheduler {
   void Reap();
   // Forgets the prefix cache if the runner's KV was lost since the last call.
   void SyncPrefixCache();
+  // Seeds the controller's pass-cost model with a few timed passes of 1..65 tokens (once, before
+  // the first step that may speculate under SpecBudgetMode::kAuto).
+  void Calibrate();
 
   ModelRunner& runner_;
   KvCacheManager& kv_;
@@ -125,6 +145,7 @@ class CoreScheduler {
   std::list<Entry> running_;  // in admission order (prefill is first come, first served)
   int64_t reserved_blocks_ = 0;
   uint64_t cache_epoch_ = 0;  // the runner's kv_epoch() the prefix cache holds entries of
+  std::shared_ptr<SpecController> controller_;  // never null
 };
 
 }  // namespace specinfer

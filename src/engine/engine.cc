@@ -50,6 +50,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   engine->max_sequences_ = o.max_sequences;
   engine->kv_block_size_ = o.kv_block_size;
   engine->draft_backend_ = o.draft_backend;
+  engine->spec_budget_ = o.spec_budget;
   // One pool of CPU threads for the LLM's runner (if it runs on the CPU) and the CPU drafts,
   // which take turns with it. A remote group's manager leaves its drafts their own threads.
   if (backend.reads_weights) {
@@ -168,7 +169,7 @@ StatusOr<std::vector<int32_t>> Engine::EncodeChat(std::span<const ChatMessage> m
 
 StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& request,
                                           const TokenCallback& on_token) {
-  Generator gen(*runner_, *kv_);
+  Generator gen(*runner_, *kv_, spec_budget_, spec_controller_);
   return gen.Generate(request, on_token);
 }
 

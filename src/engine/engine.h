@@ -13,6 +13,7 @@
 #include "backend/registry.h"
 #include "engine/chat_template.h"
 #include "engine/generator.h"
+#include "engine/spec_controller.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "spec/speculator.h"
@@ -48,6 +49,9 @@ struct EngineOptions {
   // Where model and layers drafts run: a registered backend name, as `backend`. CPU drafts share
   // the engine's threads; layers drafts read the LLM's weights (a GPU one uploads its own copy).
   std::string draft_backend = "cpu";
+  // How deep Generate's token trees go (engine/spec_controller.h): auto adapts them per step
+  // (one controller for all of this engine's Generate calls), static expands the full shape.
+  SpecBudgetMode spec_budget = SpecBudgetMode::kAuto;
 
   // Builds more speculators once the model and tokenizer are loaded, e.g. RemoteSpeculator over
   // SSM workers. They join after `drafts`, found by name() like them (a name equal to a spec
@@ -111,6 +115,8 @@ class Engine {
   int32_t kv_block_size_ = 16;
   std::string draft_backend_ = "cpu";
   std::vector<std::unique_ptr<Speculator>> speculators_;
+  SpecBudgetMode spec_budget_ = SpecBudgetMode::kAuto;
+  std::shared_ptr<SpecController> spec_controller_ = std::make_shared<SpecController>();
 };
 
 }  // namespace specinfer

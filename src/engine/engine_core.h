@@ -55,6 +55,8 @@ class EngineCore {
   // KV blocks the running sequences may claim at their largest.
   int64_t reserved_kv_blocks() const { return scheduler_.reserved_kv_blocks(); }
   const BatchOptions& options() const { return scheduler_.options(); }
+  // The adaptive speculation controller (engine/spec_controller.h): its figures for /metrics.
+  const SpecController& spec_controller() const { return scheduler_.spec_controller(); }
 
  private:
   Executor executor_;        // declared first: the scheduler's sequences go before it

@@ -14,6 +14,8 @@ StatusOr<GenerateResult> Generator::Generate(const GenerateRequest& req,
   options.max_sequences = 1;
   options.max_batch_tokens = req.prefill_chunk > 0 ? req.prefill_chunk : 1;
   options.blas_prefill = true;
+  options.spec_budget = spec_budget_;
+  options.controller = controller_;
   EngineCore core(runner_, kv_, options);
   std::optional<StatusOr<GenerateResult>> outcome;
   SI_ASSIGN_OR_RETURN(

@@ -16,18 +16,24 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "engine/generation.h"
+#include "engine/spec_controller.h"
 #include "kv/kv_cache.h"
 
 namespace specinfer {
 
 class Generator {
  public:
-  Generator(ModelRunner& runner, KvCacheManager& kv) : runner_(runner), kv_(kv) {}
+  // `spec_budget` and `controller` as BatchOptions' (engine/core_scheduler.h).
+  Generator(ModelRunner& runner, KvCacheManager& kv,
+            SpecBudgetMode spec_budget = SpecBudgetMode::kAuto,
+            std::shared_ptr<SpecController> controller = nullptr)
+      : runner_(runner), kv_(kv), spec_budget_(spec_budget), controller_(std::move(controller)) {}
 
   // InvalidArgument for an empty prompt, out-of-vocabulary ids, bad sampling params or tree
   // shape;
@@ -39,6 +45,8 @@ class Generator {
  private:
   ModelRunner& runner_;
   KvCacheManager& kv_;
+  SpecBudgetMode spec_budget_;
+  std::shared_ptr<SpecController> controller_;
 };
 
 }  // namespace specinfer

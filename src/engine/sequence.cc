@@ -45,8 +45,7 @@ StatusOr<std::unique_ptr<Sequence>> Sequence::Start(GenerateRequest req, TokenCa
   const SeqId seq = kv.AddSequence();
   std::unique_ptr<Sequence> run(new Sequence(std::move(req), std::move(on_token), c, kv, seq));
   run->kv_epoch_ = kv_epoch;
-  SI_RETURN_IF_ERROR(run->step_.OpenSessions(run->request_.speculators,
-                                               run->request_.tree_shape.MaxNodes()));
+  SI_RETURN_IF_ERROR(run->step_.OpenSessions(run->request_.speculators, run->request_.tree_shape));
   if (run->phase_ == Phase::kPrefill) {
     // KV entries of the prompt's cached prefix were computed from the same tokens by
     // batch-invariant kernels: bit-identical to what prefill would write.
@@ -112,12 +111,17 @@ Status Sequence::PlanPrefill(ForwardBatch& batch, int32_t max_tokens) {
   return Status::Ok();
 }
 
-bool Sequence::DraftContextNow(DraftContext* ctx) {
-  if (!step_.has_sessions()) return false;
+int32_t Sequence::max_spec_depth() const {
+  if (phase_ != Phase::kDecode || !step_.has_sessions()) return 0;
   // No deeper than the tokens still wanted (the pass adds one of its own) and the context.
   const int32_t max_depth =
-      std::min(max_new_ - static_cast<int32_t>(result_.tokens.size()) - 1,
-               config_.max_seq_len - 1 - committed_);
+      std::min({max_new_ - static_cast<int32_t>(result_.tokens.size()) - 1,
+                config_.max_seq_len - 1 - committed_, request_.tree_shape.depth()});
+  return std::max(max_depth, 0);
+}
+
+bool Sequence::DraftContextNow(int32_t depth_cap, DraftContext* ctx) {
+  const int32_t max_depth = std::min(max_spec_depth(), depth_cap);
   if (max_depth <= 0) return false;
   ctx->tokens = context_;
   ctx->shape = &request_.tree_shape;
@@ -127,19 +131,19 @@ bool Sequence::DraftContextNow(DraftContext* ctx) {
   return true;
 }
 
-void Sequence::BeginDraft() {
+void Sequence::BeginDraft(int32_t depth_cap) {
   if (phase_ != Phase::kDecode) return;
-  if (DraftContext ctx; DraftContextNow(&ctx)) step_.BeginDraft(ctx);
+  if (DraftContext ctx; DraftContextNow(depth_cap, &ctx)) step_.BeginDraft(ctx);
 }
 
-StatusOr<int32_t> Sequence::PlanDecode(ForwardBatch& batch) {
+StatusOr<int32_t> Sequence::PlanDecode(ForwardBatch& batch, int32_t depth_cap) {
   if (phase_ != Phase::kDecode) return FailedPreconditionError("sequence is not decoding");
   if (!decode_started_) {
     decode_started_ = true;
     decode_start_ = Clock::now();
   }
   DraftContext ctx;
-  const bool drafting = DraftContextNow(&ctx);
+  const bool drafting = DraftContextNow(depth_cap, &ctx);
   SI_ASSIGN_OR_RETURN(int32_t size,
                       step_.Plan(context_.back(), drafting ? &ctx : nullptr, committed_, batch));
   ++result_.stats.forward_passes;

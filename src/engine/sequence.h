@@ -38,6 +38,7 @@ namespace specinfer {
 class Sequence {
  public:
   enum class Phase { kPrefill, kDecode, kDone };
+  static constexpr int32_t kNoDepthCap = 1 << 30;  // PlanDecode: the tree shape's full depth
 
   // InvalidArgument for an empty prompt, out-of-vocabulary ids, bad sampling parameters or tree
   // shape; OutOfRange if the prompt does not fit the model's context (the number of new tokens
@@ -66,11 +67,20 @@ class Sequence {
   Status PlanPrefill(ForwardBatch& batch, int32_t max_tokens);
   // Lets speculators that work in the background (remote SSM workers, DraftSession::Begin)
   // start this step's proposals now, so that a batch's drafts overlap; PlanDecode collects them.
-  // Optional; kDecode only (otherwise nothing happens).
-  void BeginDraft();
-  // Drafts this step's token tree and adds it to `batch`; returns its size (>= 1), the number of
-  // logits rows it added. kDecode only.
-  StatusOr<int32_t> PlanDecode(ForwardBatch& batch);
+  // Optional; kDecode only (otherwise nothing happens). `depth_cap` as PlanDecode's.
+  void BeginDraft(int32_t depth_cap = kNoDepthCap);
+  // Drafts this step's token tree, its shape cut at depth `depth_cap` (0: the root alone, i.e.
+  // plain decoding; the adaptive controller's choice, engine/spec_controller.h), and adds it to
+  // `batch`; returns its size (>= 1), the number of logits rows it added. kDecode only.
+  StatusOr<int32_t> PlanDecode(ForwardBatch& batch, int32_t depth_cap = kNoDepthCap);
+  // The deepest tree this step may draft (its shape, the tokens still wanted and the context);
+  // 0 when it cannot speculate (no speculators, not decoding).
+  int32_t max_spec_depth() const;
+  const SpeculativeStep& speculation() const { return step_; }
+  // Decode passes so far.
+  int32_t decode_passes() const { return result_.stats.decode_passes; }
+  // Tokens generated so far.
+  int32_t generated() const { return static_cast<int32_t>(result_.tokens.size()); }
   // After the pass that PlanDecode joined: `logits` holds this sequence's rows of it
   // ([tree size, vocab]). Verifies, commits, emits; may finish the sequence.
   Status Commit(std::span<const float> logits, ModelRunner& runner);
@@ -91,7 +101,7 @@ class Sequence {
 
  private:
   // This step's drafting context; false when there is nothing to draft.
-  bool DraftContextNow(DraftContext* ctx);
+  bool DraftContextNow(int32_t depth_cap, DraftContext* ctx);
 
   Sequence(GenerateRequest request, TokenCallback on_token, const ModelConfig& config,
            KvCacheManager& kv, SeqId seq);

@@ -19,7 +19,13 @@ SpeculativeStep::SpeculativeStep(KvCacheManager& kv, SeqId seq, SpeculationStats
     : kv_(kv), seq_(seq), stats_(stats) {}
 
 Status SpeculativeStep::OpenSessions(std::span<Speculator* const> speculators,
-                                     int64_t shape_nodes) {
+                                     const TreeShape& shape) {
+  const int64_t shape_nodes = shape.MaxNodes();
+  shape_nodes_.clear();
+  for (int64_t level = 1; int32_t w : shape.widths) {
+    level = std::min<int64_t>(level * std::max(w, 0), TreeShape::kMaxNodes);
+    shape_nodes_.push_back(level);
+  }
   const int64_t per_tree = std::max<int64_t>(shape_nodes, 1);
   const size_t fit = static_cast<size_t>(std::max<int64_t>(TreeShape::kMaxNodes / per_tree, 1));
   for (Speculator* s : speculators) {
@@ -37,6 +43,8 @@ Status SpeculativeStep::OpenSessions(std::span<Speculator* const> speculators,
     }
     sessions_.push_back(std::move(*session));
     stats_.speculator_names.push_back(s->name());
+    if (!key_.empty()) key_ += '|';
+    key_ += s->name();
   }
   stats_.proposed_by.assign(sessions_.size(), 0);
   stats_.accepted_by.assign(sessions_.size(), 0);
@@ -55,7 +63,10 @@ StatusOr<int32_t> SpeculativeStep::Plan(int32_t root, const DraftContext* ctx, i
   // --- draft ---
   const auto d0 = Clock::now();
   tree_ = TokenTree(root);
-  if (ctx != nullptr) {
+  cap_ = ctx != nullptr && ctx->shape != nullptr
+             ? std::max(std::min(ctx->max_depth, ctx->shape->depth()), 0)
+             : 0;
+  if (ctx != nullptr && cap_ > 0) {
     DraftContext c = *ctx;
     for (size_t s = 0; s < sessions_.size(); ++s) {
       c.speculator_index = static_cast<int32_t>(s);
@@ -76,7 +87,8 @@ StatusOr<int32_t> SpeculativeStep::Plan(int32_t root, const DraftContext* ctx, i
                          " nodes, more than the " + std::to_string(TreeShape::kMaxNodes) +
                          " a sequence has room for (a draft beyond its tree shape)");
   }
-  stats_.draft_seconds += SecondsSince(d0);
+  draft_seconds_ = SecondsSince(d0);
+  stats_.draft_seconds += draft_seconds_;
 
   // --- the tree, laid out depth-first after the committed entries ---
   committed_ = committed;
@@ -148,6 +160,15 @@ void SpeculativeStep::Record(std::span<const int32_t> accepted) {
   }
   for (int32_t d = 0; d < tree_.max_depth(); ++d) ++stats_.proposed_at_depth[d];
   for (size_t d = 0; d < accepted.size(); ++d) ++stats_.accepted_at_depth[d];
+  report_.cap = cap_;
+  report_.accepted = static_cast<int32_t>(accepted.size());
+  report_.draft_seconds = draft_seconds_;
+  report_.nodes_at_depth.assign(static_cast<size_t>(cap_), 0);
+  for (int32_t v = 1; v < size; ++v) {
+    const int32_t d = tree_.node(v).depth;
+    if (d <= cap_) ++report_.nodes_at_depth[static_cast<size_t>(d - 1)];
+  }
+  acceptance_.Observe(cap_, report_.nodes_at_depth, report_.accepted, SpecController::kSeqAlpha);
   const size_t num_spec = sessions_.size();
   for (int32_t v = 1; v < size; ++v)
     for (size_t s = 0; s < num_spec; ++s)

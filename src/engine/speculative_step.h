@@ -27,6 +27,7 @@
 
 #include "backend/backend.h"
 #include "engine/generation.h"
+#include "engine/spec_controller.h"
 #include "kv/kv_cache.h"
 #include "spec/speculator.h"
 #include "spec/token_tree.h"
@@ -45,8 +46,28 @@ class SpeculativeStep {
   // (Sequence::MaxKvBlocks): only as many sessions open as fit together at full size (at least
   // one). Decided from the shape alone, never from what the drafts propose, so sampled
   // verification stays exact.
-  Status OpenSessions(std::span<Speculator* const> speculators, int64_t shape_nodes);
+  // `shape` (its full expansion) sets shape_nodes().
+  Status OpenSessions(std::span<Speculator* const> speculators, const TreeShape& shape);
   bool has_sessions() const { return !sessions_.empty(); }
+  // The open sessions' speculator names joined by '|' (the controller's speculator set).
+  const std::string& key() const { return key_; }
+  // Nodes of the shape's full expansion at each depth (index d - 1), set by OpenSessions.
+  std::span<const int64_t> shape_nodes() const { return shape_nodes_; }
+
+  // What the last verified tree did (for the controller, spec_controller.h): it was drafted
+  // with depth cap `cap` (0: the root alone) in `draft_seconds`, held nodes_at_depth[d - 1]
+  // nodes at depth d, and `accepted` of them were accepted.
+  struct TreeReport {
+    int32_t cap = 0;
+    std::vector<int32_t> nodes_at_depth;
+    int32_t accepted = 0;
+    double draft_seconds = 0;
+  };
+  const TreeReport& last_tree() const { return report_; }
+  // Seconds the last Plan spent drafting.
+  double last_draft_seconds() const { return draft_seconds_; }
+  // This sequence's own acceptance and tree sizes by depth (EWMA, SpecController::kSeqAlpha).
+  const AcceptanceModel& acceptance() const { return acceptance_; }
 
   // Lets sessions that draft in the background (DraftSession::Begin) start on `ctx` now, so that
   // a batch's drafts overlap; Plan with the same context collects them.
@@ -82,12 +103,18 @@ class SpeculativeStep {
   const SeqId seq_;
   SpeculationStats& stats_;
   std::vector<std::unique_ptr<DraftSession>> sessions_;  // in the request's order
+  std::string key_;
+  std::vector<int64_t> shape_nodes_;
+  AcceptanceModel acceptance_;
+  TreeReport report_;
 
   // The tree in flight between Plan and Verify.
   TokenTree tree_{0};
   TreeMask mask_;
   std::vector<int32_t> order_, parents_, layout_of_;
   int32_t committed_ = 0;  // committed KV entries when it was planned
+  int32_t cap_ = 0;        // depth cap it was drafted with
+  double draft_seconds_ = 0;
 };
 
 }  // namespace specinfer

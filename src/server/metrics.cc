@@ -184,6 +184,25 @@ std::string ServerMetrics::Render(const ServingGauges& g) const {
   Header(&out, "specinfer_draft_sessions", "gauge",
          "Draft sessions (one per sequence and speculator) alive in the process.");
   Sample(&out, "specinfer_draft_sessions", "", static_cast<double>(g.draft_sessions));
+  Header(&out, "specinfer_spec_controller_steps_total", "counter",
+         "Decode steps in which some sequence could speculate, by whether the adaptive "
+         "controller let any do so.");
+  Sample(&out, "specinfer_spec_controller_steps_total", "speculating=\"true\"",
+         static_cast<double>(g.spec_speculating_steps));
+  Sample(&out, "specinfer_spec_controller_steps_total", "speculating=\"false\"",
+         static_cast<double>(g.spec_steps - g.spec_speculating_steps));
+  Header(&out, "specinfer_spec_budget_tokens", "gauge",
+         "Speculated tokens (full expansion to the chosen depths) of the last step.");
+  Sample(&out, "specinfer_spec_budget_tokens", "", static_cast<double>(g.spec_budget_tokens));
+  Header(&out, "specinfer_spec_budget_tokens_mean", "gauge",
+         "Speculated tokens chosen per step (EWMA).");
+  Sample(&out, "specinfer_spec_budget_tokens_mean", "", g.spec_budget_tokens_mean);
+  Header(&out, "specinfer_spec_predicted_gain", "gauge",
+         "Predicted tokens/s over plain decoding's, per step (EWMA).");
+  Sample(&out, "specinfer_spec_predicted_gain", "", g.spec_predicted_gain);
+  Header(&out, "specinfer_spec_measured_gain", "gauge",
+         "Measured tokens/s over plain decoding's predicted, per step (EWMA).");
+  Sample(&out, "specinfer_spec_measured_gain", "", g.spec_measured_gain);
   Header(&out, "specinfer_prompt_tokens_total", "counter", "Prompt tokens processed.");
   Sample(&out, "specinfer_prompt_tokens_total", "", static_cast<double>(prompt_tokens_.load()));
   Header(&out, "specinfer_generated_tokens_total", "counter", "Tokens generated.");

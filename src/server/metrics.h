@@ -22,6 +22,12 @@
 //   specinfer_spec_accepted_tokens_total           counter  speculated tokens the LLM accepted
 //   specinfer_spec_accepted_tokens_by_depth_total{depth}          counter
 //   specinfer_spec_accepted_tokens_by_speculator_total{speculator} counter
+//   specinfer_spec_controller_steps_total{speculating}             counter  decode steps that
+//                                                           could speculate, by whether any did
+//   specinfer_spec_budget_tokens / _mean           gauge    speculated tokens the adaptive
+//                                                           controller chose (last step / EWMA)
+//   specinfer_spec_predicted_gain / measured_gain  gauge    EWMA per step of tok/s over plain
+//                                                           decoding's (predicted; measured)
 // Accepted tokens per pass = accepted_tokens_total / llm_passes_total. The specinfer_spec_*
 // families are filled through AddSpeculation by the speculative generator; they stay 0 until it
 // is wired in.
@@ -69,6 +75,13 @@ struct ServingGauges {
   int64_t prefix_queried_tokens = 0;
   int64_t prefix_hit_tokens = 0;
   int64_t prefix_evictions = 0;
+  // The adaptive speculation controller (engine/spec_controller.h SpecControllerSnapshot).
+  int64_t spec_steps = 0;
+  int64_t spec_speculating_steps = 0;
+  int64_t spec_budget_tokens = 0;
+  double spec_budget_tokens_mean = 0;
+  double spec_predicted_gain = 1;
+  double spec_measured_gain = 1;
 };
 
 // What one or more speculative verification passes contributed: for a finished request, its

@@ -117,6 +117,13 @@ ServingGauges RequestQueue::gauges() const {
   g.prefix_hit_tokens = prefix_hit_.load();
   g.prefix_evictions = prefix_evictions_.load();
   g.draft_sessions = DraftSession::live();
+  std::lock_guard<std::mutex> lock(spec_mu_);
+  g.spec_steps = spec_.steps;
+  g.spec_speculating_steps = spec_.speculating_steps;
+  g.spec_budget_tokens = spec_.budget_tokens;
+  g.spec_budget_tokens_mean = spec_.budget_tokens_mean;
+  g.spec_predicted_gain = spec_.predicted_gain;
+  g.spec_measured_gain = spec_.measured_gain;
   return g;
 }
 
@@ -140,6 +147,9 @@ void RequestQueue::WorkerLoop() {
     Admit(core);
     core.Step();
     PublishKv();
+    const SpecControllerSnapshot spec = core.spec_controller().Snapshot();
+    std::lock_guard<std::mutex> lock(spec_mu_);
+    spec_ = spec;
   }
   // Shutdown: Shutdown() failed the queue; the head and the running sequences end here.
   if (head_) {

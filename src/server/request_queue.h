@@ -157,6 +157,8 @@ class RequestQueue {
   std::atomic<int64_t> kv_used_{0};
   // KvCacheManager::prefix_stats(), published by the worker (the KV cache's one thread).
   std::atomic<int64_t> kv_cached_{0}, prefix_queried_{0}, prefix_hit_{0}, prefix_evictions_{0};
+  mutable std::mutex spec_mu_;  // guards spec_: the controller's figures after the last step
+  SpecControllerSnapshot spec_ SI_GUARDED_BY(spec_mu_);
   const int64_t kv_total_;
   std::thread worker_;
 };

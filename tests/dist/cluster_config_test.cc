@@ -18,7 +18,7 @@ models:
   tiny: {path: /m/tiny.bin, tokenizer: /m/tok.bin}
 limits: {max_batch: 16, max_batch_tokens: 1024, max_queue: 10, context: 2048}
 manager: {host: a, http_port: 8080, grpc_port: 0, threads: 2, tree: [1, 2, 1],
-          rpc_timeout_ms: 250}
+          rpc_timeout_ms: 250, spec_budget: static}
 ssm:
   - spec: layers:4
     model: llm
@@ -50,6 +50,7 @@ TEST(ClusterConfig, ParsesEveryField) {
   EXPECT_EQ(c->manager.grpc_port, 0);
   EXPECT_EQ(c->manager.tree, "1,2,1");
   EXPECT_EQ(c->manager.rpc_timeout_ms, 250);
+  EXPECT_EQ(c->manager.spec_budget, "static");
   ASSERT_EQ(c->ssm.size(), 2u);
   EXPECT_EQ(c->ssm[0].spec, "layers:4");
   EXPECT_EQ(c->ssm[0].max_sessions, 16) << "defaults to limits.max_batch";
@@ -117,6 +118,7 @@ TEST(ClusterConfig, BadConfigsAreRefusedNamingTheKey) {
       {Minimal("manager: {http_port: -1}"), "manager.http_port"},
       {Minimal("manager: {http_port: eighty}"), "not an integer"},
       {Minimal("manager: {tree: '0,1'}"), "manager.tree"},
+      {Minimal("manager: {spec_budget: 4}"), "manager.spec_budget: '4' is not auto or static"},
       {Minimal("manager: {host: nowhere}"), "unknown host 'nowhere'"},
       {Minimal("limits: {max_batch: 0}"), "limits.max_batch: 0 is outside"},
       {Minimal("", "llm: {placement: workers, tp: 0, workers: []}"), "llm.tp: 0 is outside"},

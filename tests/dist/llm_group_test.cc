@@ -169,6 +169,9 @@ std::vector<std::vector<int32_t>> GenerateAll(ModelRunner& runner, KvCacheManage
   o.prefix_cache = prefix_cache;
   o.max_sequences = 4;
   o.max_batch_tokens = 24;  // prefill chunks share passes with trees
+  // The requests sample (seeded): the same draws need the same trees, which the adaptive
+  // controller would choose from each runner's timings (engine/spec_controller.h).
+  o.spec_budget = SpecBudgetMode::kStatic;
   EngineCore gen(runner, kv, o);
   std::vector<std::optional<StatusOr<GenerateResult>>> done(reqs.size());
   for (size_t i = 0; i < reqs.size(); ++i) {

@@ -111,6 +111,7 @@ TEST(PrefixCacheEngine, MultiTurnConversationsEqualWithTheCacheOff) {
         reqs_off.push_back(r);
       }
       BatchOptions on, off;
+      on.spec_budget = off.spec_budget = SpecBudgetMode::kStatic;  // see the next test
       off.prefix_cache = false;
       const auto out_off = RunAll(*engine_off, engine_off->kv(), off, reqs_off);
       const auto out_on = RunAll(*engine, engine->kv(), on, reqs_on);
@@ -150,7 +151,10 @@ TEST(PrefixCacheEngine, ConcurrentSequencesSharingAPrefixEqualWithTheCacheOff) {
     }
     reqs.push_back(r);
   }
+  // Static trees: these requests sample (seeded), and a seeded speculative sample depends on the
+  // trees, which the adaptive controller would choose from each run's timings.
   BatchOptions on, off;
+  on.spec_budget = off.spec_budget = SpecBudgetMode::kStatic;
   on.max_sequences = off.max_sequences = 16;
   on.max_batch_tokens = off.max_batch_tokens = 64;  // prefill spread over several passes
   off.prefix_cache = false;
@@ -182,6 +186,7 @@ TEST(PrefixCacheEngine, EvictionUnderMemoryPressureKeepsOutputsExact) {
     reqs.push_back(r);
   }
   BatchOptions on, off;
+  on.spec_budget = off.spec_budget = SpecBudgetMode::kStatic;  // see the test above
   on.max_sequences = off.max_sequences = 3;
   off.prefix_cache = false;
   const auto out_off = RunAll(*engine, kv, off, reqs);

@@ -48,12 +48,24 @@ TEST(ServerMetrics, RendersEveryFamily) {
   g.prefix_queried_tokens = 200;
   g.prefix_hit_tokens = 50;
   g.prefix_evictions = 4;
+  g.spec_steps = 10;
+  g.spec_speculating_steps = 7;
+  g.spec_budget_tokens = 4;
+  g.spec_budget_tokens_mean = 2.5;
+  g.spec_predicted_gain = 1.5;
+  g.spec_measured_gain = 1.25;
   const std::string out = m.Render(g);
   EXPECT_TRUE(HasLine(out, "specinfer_kv_blocks_cached 6"));
   EXPECT_TRUE(HasLine(out, "specinfer_prefix_cache_queried_tokens_total 200"));
   EXPECT_TRUE(HasLine(out, "specinfer_prefix_cache_hit_tokens_total 50"));
   EXPECT_TRUE(HasLine(out, "specinfer_prefix_cache_hit_rate 0.25"));
   EXPECT_TRUE(HasLine(out, "specinfer_prefix_cache_evictions_total 4"));
+  EXPECT_TRUE(HasLine(out, "specinfer_spec_controller_steps_total{speculating=\"true\"} 7"));
+  EXPECT_TRUE(HasLine(out, "specinfer_spec_controller_steps_total{speculating=\"false\"} 3"));
+  EXPECT_TRUE(HasLine(out, "specinfer_spec_budget_tokens 4"));
+  EXPECT_TRUE(HasLine(out, "specinfer_spec_budget_tokens_mean 2.5"));
+  EXPECT_TRUE(HasLine(out, "specinfer_spec_predicted_gain 1.5"));
+  EXPECT_TRUE(HasLine(out, "specinfer_spec_measured_gain 1.25"));
   EXPECT_TRUE(
       HasLine(out, "specinfer_requests_total{endpoint=\"/v1/completions\",code=\"200\"} 2"));
   EXPECT_TRUE(

@@ -1,0 +1,261 @@
+#include "engine/spec_controller.h"
+
+#include <algorithm>
+#include <cmath>
+#include <queue>
+
+#include <spdlog/spdlog.h>
+
+namespace specinfer {
+
+bool ParseSpecBudgetMode(std::string_view text, SpecBudgetMode* mode) {
+  if (text == "auto") *mode = SpecBudgetMode::kAuto;
+  else if (text == "static") *mode = SpecBudgetMode::kStatic;
+  else return false;
+  return true;
+}
+
+const char* SpecBudgetModeName(SpecBudgetMode mode) {
+  return mode == SpecBudgetMode::kAuto ? "auto" : "static";
+}
+
+void AcceptanceModel::Observe(int32_t cap, std::span<const int32_t> nodes_at_depth,
+                              int32_t accepted_tokens, double alpha) {
+  if (cap <= 0) return;
+  if (accepted.size() < static_cast<size_t>(cap)) {
+    accepted.resize(static_cast<size_t>(cap));
+    nodes.resize(static_cast<size_t>(cap));
+  }
+  for (int32_t d = 1; d <= cap; ++d) {
+    const size_t i = static_cast<size_t>(d - 1);
+    accepted[i].Add(accepted_tokens >= d ? 1.0 : 0.0, alpha);
+    nodes[i].Add(i < nodes_at_depth.size() ? nodes_at_depth[i] : 0, alpha);
+  }
+}
+
+int32_t PassCostModel::Bucket(double tokens) {
+  const auto t = static_cast<int32_t>(std::lround(std::max(tokens, 1.0)));
+  if (t <= 64) return t;
+  if (t <= 256) return (t + 4) / 8 * 8;
+  return (t + 16) / 32 * 32;
+}
+
+void PassCostModel::Observe(double tokens, double seconds) {
+  if (!(seconds >= 0) || !std::isfinite(seconds)) return;
+  if (!calibration_.empty()) {
+    const double cal = Interpolate(calibration_, tokens);
+    if (cal > 0) {
+      const double ratio = std::clamp(seconds / cal, 0.2, 20.0);
+      load_.Add(load_.count >= 2 ? std::clamp(ratio, 0.5 * load_.value, 2 * load_.value) : ratio,
+                0.1);
+    }
+  }
+  Ewma& e = table_[Bucket(tokens)];
+  if (e.count >= 2) seconds = std::clamp(seconds, 0.5 * e.value, 2 * e.value);
+  e.Add(seconds, 0.2);
+}
+
+void PassCostModel::Set(double tokens, double seconds) {
+  if (!(seconds >= 0) || !std::isfinite(seconds)) return;
+  calibration_[Bucket(tokens)] = seconds;
+}
+
+double PassCostModel::Interpolate(const std::map<int32_t, double>& points, double x) {
+  if (points.empty()) return 0;
+  x = std::max(x, 1.0);
+  auto hi = points.lower_bound(static_cast<int32_t>(std::ceil(x)));
+  if (hi == points.begin()) return hi->second;  // below every known count: flat
+  auto lo = std::prev(hi);
+  if (hi != points.end()) {
+    const double x0 = lo->first, x1 = hi->first;
+    return x1 > x0 ? lo->second + (hi->second - lo->second) * (x - x0) / (x1 - x0) : hi->second;
+  }
+  // Past the largest known count: the known range's slope (flat with one point, which is
+  // optimistic, so the controller tries and measures the larger count).
+  const auto first = points.begin();
+  const double xl = lo->first, yl = lo->second;
+  double slope = 0;
+  if (lo != first && xl > first->first)
+    slope = std::max(0.0, (yl - first->second) / (xl - first->first));
+  return yl + slope * (x - xl);
+}
+
+double PassCostModel::Predict(double tokens) const {
+  std::map<int32_t, double> points;
+  const double load = load_factor();
+  for (const auto& [t, v] : calibration_) points[t] = v * load;
+  for (const auto& [t, e] : table_)
+    if (e.count >= 2 || calibration_.empty()) points[t] = e.value;
+  return Interpolate(points, tokens);
+}
+
+void SpecController::ObserveTree(const std::string& key, int32_t cap,
+                                 std::span<const int32_t> nodes_at_depth, int32_t accepted,
+                                 double draft_seconds) {
+  if (cap <= 0) return;
+  global_[key].Observe(cap, nodes_at_depth, accepted, kGlobalAlpha);
+  draft_level_seconds_[key].Add(draft_seconds / cap, kGlobalAlpha * 4);
+}
+
+SpecController::Choice SpecController::Choose(std::span<const Candidate> candidates,
+                                              int32_t decoding, int32_t other_tokens,
+                                              int32_t max_tokens) {
+  const size_t n = candidates.size();
+  Choice ch;
+  ch.depth.assign(n, 0);
+  const double base_tokens = std::max(decoding, 0) + std::max(other_tokens, 0);
+  const double overhead = overhead_.value;
+  ch.plain_seconds = cost_.Predict(base_tokens) + overhead;
+  ch.predicted_seconds = ch.plain_seconds;
+  ch.predicted_tokens = decoding;
+
+  // Per candidate: r(d) (made non-increasing: accepting d needs d - 1), m(d), s per level.
+  std::vector<std::vector<double>> r(n), m(n);
+  std::vector<double> s(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const Candidate& c = candidates[i];
+    const AcceptanceModel* g = nullptr;
+    if (auto it = global_.find(*c.key); it != global_.end()) g = &it->second;
+    if (auto it = draft_level_seconds_.find(*c.key); it != draft_level_seconds_.end())
+      s[i] = it->second.value;
+    double prev = 1;
+    for (int32_t d = 1; d <= c.max_depth; ++d) {
+      const size_t k = static_cast<size_t>(d - 1);
+      const double shape_m = k < c.shape_nodes.size() ? static_cast<double>(c.shape_nodes[k]) : 1;
+      // Pseudo-counts: an optimistic guess that makes new speculators try (0.6^d accepted, a
+      // full level of nodes) counts once, the speculator set's measurements up to kPriorWeight
+      // times, the sequence's own up to kOwnWeight times.
+      double wsum = 1, rsum = std::pow(0.6, d), msum = shape_m;
+      if (g != nullptr && k < g->accepted.size() && g->accepted[k].count > 0) {
+        const double w = std::min<double>(static_cast<double>(g->accepted[k].count), kPriorWeight);
+        wsum += w;
+        rsum += w * g->accepted[k].value;
+        msum += w * g->nodes[k].value;
+      }
+      if (c.own != nullptr && k < c.own->accepted.size() && c.own->accepted[k].count > 0) {
+        const double w = std::min<double>(static_cast<double>(c.own->accepted[k].count), kOwnWeight);
+        wsum += w;
+        rsum += w * c.own->accepted[k].value;
+        msum += w * c.own->nodes[k].value;
+      }
+      double rd = rsum / wsum;
+      const double md = msum / wsum;
+      rd = std::min(rd, prev);
+      prev = rd;
+      r[i].push_back(rd);
+      m[i].push_back(std::clamp(md, 0.0, shape_m));
+    }
+  }
+
+  if (n > 0 && !r[0].empty())
+    spdlog::trace("spec controller: r(1) {:.3f} m(1) {:.3f} s {:.6f}", r[0][0], m[0][0], s[0]);
+  // Greedy increments by gain per cost, keeping the best prefix.
+  if (!cost_.empty()) {
+    const double slope =
+        std::max((cost_.Predict(base_tokens + 16) + overhead - ch.plain_seconds) / 16, 1e-7);
+    struct Inc {
+      double ratio;
+      size_t i;
+      int32_t d;
+      bool operator<(const Inc& o) const { return ratio < o.ratio; }
+    };
+    std::priority_queue<Inc> heap;
+    auto push = [&](size_t i, int32_t d) {
+      if (d > candidates[i].max_depth) return;
+      const size_t k = static_cast<size_t>(d - 1);
+      heap.push(Inc{r[i][k] / (m[i][k] * slope + s[i] + 1e-9), i, d});
+    };
+    for (size_t i = 0; i < n; ++i) push(i, 1);
+    double tokens = ch.predicted_tokens, extra = 0, draft = 0;
+    double best = ch.plain_seconds > 0 ? tokens / ch.plain_seconds : 0;
+    std::vector<Inc> taken;
+    size_t best_prefix = 0;
+    double best_tokens = tokens, best_seconds = ch.plain_seconds;
+    while (!heap.empty()) {
+      const Inc inc = heap.top();
+      heap.pop();
+      const size_t k = static_cast<size_t>(inc.d - 1);
+      if (base_tokens + extra + m[inc.i][k] > max_tokens) continue;
+      tokens += r[inc.i][k];
+      extra += m[inc.i][k];
+      draft += s[inc.i];
+      taken.push_back(inc);
+      const double seconds = cost_.Predict(base_tokens + extra) + overhead + draft;
+      const double tput = seconds > 0 ? tokens / seconds : 0;
+      spdlog::trace("  take {} d{}: {:.3f} tokens, T {:.2f}, {:.3f} ms, tput {:.3f} best {:.3f}",
+                    inc.i, inc.d, tokens, base_tokens + extra, seconds * 1e3, tput, best);
+      if (tput > best * (1 + 1e-9)) {
+        best = tput;
+        best_prefix = taken.size();
+        best_tokens = tokens;
+        best_seconds = seconds;
+      }
+      push(inc.i, inc.d + 1);
+    }
+    // The model is an estimate: speculate only for a clear predicted gain, so its errors do not
+    // make speculation a loss (measured: the prediction ran 5-15% high on a busy CPU).
+    if (ch.plain_seconds > 0 && best < kMinGain * (ch.predicted_tokens / ch.plain_seconds)) {
+      best_prefix = 0;
+      best_tokens = ch.predicted_tokens;
+      best_seconds = ch.plain_seconds;
+    }
+    for (size_t t = 0; t < best_prefix; ++t)
+      ch.depth[taken[t].i] = std::max(ch.depth[taken[t].i], taken[t].d);
+    ch.predicted_tokens = best_tokens;
+    ch.predicted_seconds = best_seconds;
+  }
+
+  // Probes: one level deeper than chosen, now and then, staggered across sequences.
+  for (size_t i = 0; i < n; ++i) {
+    const Candidate& c = candidates[i];
+    if (ch.depth[i] < c.max_depth &&
+        (choices_ + static_cast<int64_t>(c.id % kProbePeriod)) % kProbePeriod == 0)
+      ++ch.depth[i];
+  }
+  ++choices_;
+  for (size_t i = 0; i < n; ++i)
+    for (int32_t d = 1; d <= ch.depth[i]; ++d) {
+      const size_t k = static_cast<size_t>(d - 1);
+      ch.budget_tokens += k < candidates[i].shape_nodes.size() ? candidates[i].shape_nodes[k] : 0;
+    }
+  if (ch.plain_seconds > 0 && ch.predicted_seconds > 0 && decoding > 0) {
+    ch.predicted_gain =
+        (ch.predicted_tokens / ch.predicted_seconds) / (decoding / ch.plain_seconds);
+  }
+  return ch;
+}
+
+void SpecController::ObserveStep(const Choice* choice, int32_t tokens, double pass_seconds,
+                                 double step_seconds, double draft_seconds, int64_t emitted,
+                                 int32_t decoding) {
+  const double plain_step = choice != nullptr ? choice->plain_seconds : 0;
+  cost_.Observe(tokens, pass_seconds);
+  overhead_.Add(std::max(step_seconds - pass_seconds, 0.0), 0.1);
+  const double seconds = step_seconds;
+  if (choice == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  SpecControllerSnapshot& s = snapshot_;
+  constexpr double a = 0.05;
+  const bool first = s.steps == 0;
+  ++s.steps;
+  if (choice->budget_tokens > 0) ++s.speculating_steps;
+  s.budget_tokens = choice->budget_tokens;
+  s.budget_tokens_mean = first ? static_cast<double>(choice->budget_tokens)
+                               : s.budget_tokens_mean +
+                                     a * (static_cast<double>(choice->budget_tokens) -
+                                          s.budget_tokens_mean);
+  s.predicted_gain = first ? choice->predicted_gain
+                           : s.predicted_gain + a * (choice->predicted_gain - s.predicted_gain);
+  const double total = seconds + draft_seconds;
+  if (plain_step > 0 && total > 0 && decoding > 0) {
+    const double measured = (static_cast<double>(emitted) / total) / (decoding / plain_step);
+    s.measured_gain = s.steps == 1 ? measured : s.measured_gain + a * (measured - s.measured_gain);
+  }
+}
+
+SpecControllerSnapshot SpecController::Snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return snapshot_;
+}
+
+}  // namespace specinfer

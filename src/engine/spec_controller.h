@@ -1,0 +1,175 @@
+// Adaptive speculation: an online cost model and the per-step choice of how far each sequence
+// speculates, so that speculation is never slower than plain decoding.
+//
+// Each step the controller picks, for every decoding sequence, a depth cap D (0..the depth its
+// tree shape and request allow): the sequence's tree is its shape's expansion cut at depth D
+// (D = 0: the root alone, i.e. plain decoding). The choice maximises the predicted tokens per
+// second of the whole batch,
+//
+//            n + sum_i sum_{d <= D_i} r_i(d)
+//   max  ------------------------------------------------      n: decoding sequences
+//         t(T0 + sum_i sum_{d <= D_i} m_i(d)) + sum_i s_i D_i   T0: the pass's other tokens
+//
+// from three measured quantities:
+//   r(d)  expected accepted tokens at depth d when the tree may reach d (= P(accepted >= d));
+//   m(d)  expected tree nodes at depth d when the tree may reach d (a prompt lookup without a
+//         match proposes none, so costs nothing);
+//   t(T)  seconds of a step whose pass holds T tokens (pass, verification and commit; EWMA per
+//         token count, interpolated between measured counts), and s seconds of drafting per level.
+// r and m are kept per speculator set (the prior of new sequences) and per sequence (what its
+// text does), blended by how much each has seen. The increments (sequence i, depth d) are taken
+// greedily by gain per cost and the best prefix of that order wins, so the choice goes to zero
+// when the batch is compute-bound (t grows as fast as the tokens) or the drafts fail (r small).
+//
+// Exploration: a sequence whose cap sits below what it may use probes one level deeper every
+// kProbePeriod of the controller's steps (staggered across sequences by id, so that short
+// requests probe too), so a speculator that failed for a while
+// can come back and t(T) keeps being measured beyond the chosen counts.
+//
+// Exactness: the caps are decided from past passes only, before anything is drafted, so each
+// step's tree is still a tree of its shape drawn as before; greedy output is identical to plain
+// decoding and multi-step speculative sampling stays exact (spec/verifier.h).
+//
+// Thread safety: one thread at a time (the engine core's loop); Snapshot() from any thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace specinfer {
+
+// How the engine decides each step's tree.
+enum class SpecBudgetMode {
+  kAuto,    // the controller caps each tree's depth to maximise throughput (default)
+  kStatic,  // every step expands the full tree shape the request asked for
+};
+// "auto" or "static"; false for anything else.
+bool ParseSpecBudgetMode(std::string_view text, SpecBudgetMode* mode);
+const char* SpecBudgetModeName(SpecBudgetMode mode);
+
+// Exponentially weighted mean with a count (the first observation sets it).
+struct Ewma {
+  double value = 0;
+  int64_t count = 0;
+  void Add(double x, double alpha) {
+    value = count == 0 ? x : value + alpha * (x - value);
+    ++count;
+  }
+};
+
+// r(d) and m(d) of one sequence or one speculator set (index d - 1).
+struct AcceptanceModel {
+  std::vector<Ewma> accepted;  // r(d): P(accepted >= d) when the cap allowed d
+  std::vector<Ewma> nodes;     // m(d): nodes at depth d when the cap allowed d
+  // One verified tree: it was drafted with cap `cap`, held `nodes_at_depth[d - 1]` nodes at
+  // depth d and the LLM accepted `accepted` of them.
+  void Observe(int32_t cap, std::span<const int32_t> nodes_at_depth, int32_t accepted,
+               double alpha);
+};
+
+// t(T): seconds of an LLM pass by its tokens. Two sources: a calibration curve (a few passes
+// timed once) and online passes (an EWMA per token count; once a count has a few observations,
+// one far off, a stall of the shared machine, moves it by at most a factor of 2). Counts seen
+// online at least twice use their own value; the others the calibration curve times the load
+// factor (EWMA of online / calibrated seconds), so both sources agree under a changing load.
+class PassCostModel {
+ public:
+  void Observe(double tokens, double seconds);
+  // Sets the calibration curve's value for `tokens` (replacing an earlier one).
+  void Set(double tokens, double seconds);
+  // Predicted seconds for `tokens`; interpolates between known counts, extrapolates past the
+  // largest with the slope of the known range (never below flat). 0 when nothing is known.
+  double Predict(double tokens) const;
+  bool empty() const { return table_.empty() && calibration_.empty(); }
+  double load_factor() const { return load_.count > 0 ? load_.value : 1; }
+
+ private:
+  static int32_t Bucket(double tokens);
+  static double Interpolate(const std::map<int32_t, double>& points, double x);
+  std::map<int32_t, Ewma> table_;           // bucket (token count) -> seconds, online
+  std::map<int32_t, double> calibration_;  // token count -> seconds
+  Ewma load_;                               // online / calibrated seconds
+};
+
+// What the controller did lately, for /metrics and the benchmarks.
+struct SpecControllerSnapshot {
+  int64_t steps = 0;              // decode steps with speculating sequences planned by it
+  int64_t speculating_steps = 0;  // of those, steps where some sequence got a depth > 0
+  int64_t budget_tokens = 0;      // speculated tokens (upper bound) chosen at the last step
+  double budget_tokens_mean = 0;  // EWMA of that
+  double predicted_gain = 1;      // EWMA of predicted tok/s over plain decoding's, per step
+  double measured_gain = 1;       // EWMA of measured tok/s over plain decoding's predicted
+};
+
+class SpecController {
+ public:
+  static constexpr int32_t kProbePeriod = 16;
+  static constexpr double kMinGain = 1.1;       // predicted tok/s over plain needed to speculate
+  static constexpr double kSeqAlpha = 0.25;     // per-sequence acceptance
+  static constexpr double kGlobalAlpha = 0.05;  // per-speculator-set acceptance
+  static constexpr double kTimeAlpha = 0.2;     // step times
+  static constexpr double kPriorWeight = 4;     // observations the global prior counts for
+  static constexpr double kOwnWeight = 16;      // and a sequence's own at most
+
+  // One decoding sequence that may speculate this step.
+  struct Candidate {
+    const std::string* key = nullptr;        // its speculator set (e.g. "ngram|layers:4")
+    const AcceptanceModel* own = nullptr;    // its own observations
+    std::span<const int64_t> shape_nodes;    // nodes of its shape's full expansion per depth
+    int32_t max_depth = 0;                   // deepest tree allowed now (0: cannot speculate)
+    uint64_t id = 0;                         // staggers the probes across sequences
+  };
+  struct Choice {
+    std::vector<int32_t> depth;  // per candidate: the depth cap (0: plain decoding)
+    double predicted_gain = 1;   // predicted tok/s over plain decoding's
+    double predicted_tokens = 0; // expected tokens emitted
+    double predicted_seconds = 0;
+    double plain_seconds = 0;    // predicted seconds of the plain step
+    int64_t budget_tokens = 0;   // speculated tokens at most (full expansion to the caps)
+  };
+
+  // `other_tokens`: tokens of the pass besides the decoding sequences' (prefill chunks, and
+  // roots of sequences that do not speculate). `max_tokens`: the pass's token budget.
+  Choice Choose(std::span<const Candidate> candidates, int32_t decoding, int32_t other_tokens,
+                int32_t max_tokens);
+
+  // After a step planned by `choice` (null: one without decoding sequences that may
+  // speculate): its pass held `tokens` tokens and took `pass_seconds`, the whole step (planning,
+  // pass, verification, commit; drafts excluded) `step_seconds`, its drafts `draft_seconds`
+  // (summed over sequences), and its `decoding` sequences emitted `emitted` tokens. The step's
+  // time beyond the pass is the overhead, which the choice adds to every option alike.
+  void ObserveStep(const Choice* choice, int32_t tokens, double pass_seconds, double step_seconds,
+                   double draft_seconds, int64_t emitted, int32_t decoding);
+  // A verified tree of a sequence of speculator set `key` (the global prior): drafted with depth
+  // cap `cap` in `draft_seconds`, `nodes_at_depth[d - 1]` nodes at depth d, `accepted` accepted.
+  void ObserveTree(const std::string& key, int32_t cap, std::span<const int32_t> nodes_at_depth,
+                   int32_t accepted, double draft_seconds);
+
+  // A calibration pass (engine/core_scheduler.h): `tokens` took `seconds`. The first of each
+  // count replaces what was there (a warm-up's slow pass must not linger).
+  void ObserveCalibration(int32_t tokens, double seconds) { cost_.Set(tokens, seconds); }
+
+  // Whether the cost model was calibrated (CoreScheduler calibrates once per controller).
+  bool calibrated() const { return calibrated_; }
+  void set_calibrated() { calibrated_ = true; }
+
+  const PassCostModel& cost() const { return cost_; }
+  SpecControllerSnapshot Snapshot() const;
+
+ private:
+  PassCostModel cost_;
+  int64_t choices_ = 0;  // Choose calls (the probe clock)
+  Ewma overhead_;  // seconds of a step beyond its pass and drafts
+  bool calibrated_ = false;
+  std::map<std::string, AcceptanceModel> global_;
+  std::map<std::string, Ewma> draft_level_seconds_;  // per speculator set
+  mutable std::mutex mu_;  // guards snapshot_
+  SpecControllerSnapshot snapshot_;
+};
+
+}  // namespace specinfer

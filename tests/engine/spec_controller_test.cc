@@ -1,0 +1,189 @@
+// The adaptive speculation controller (engine/spec_controller.h): its cost model's interpolation,
+// and the depth it chooses on synthetic cost curves and acceptance: zero when the pass is
+// compute-bound or the drafts fail, deep when a pass costs about the same for more tokens and
+// the drafts are accepted, and probes that let a failed speculator come back.
+#include "engine/spec_controller.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace specinfer {
+namespace {
+
+TEST(PassCostModel, InterpolatesAndExtrapolates) {
+  PassCostModel m;
+  EXPECT_TRUE(m.empty());
+  EXPECT_EQ(m.Predict(4), 0);
+  m.Observe(1, 0.010);
+  EXPECT_DOUBLE_EQ(m.Predict(1), 0.010);
+  EXPECT_DOUBLE_EQ(m.Predict(8), 0.010);  // one point: flat (optimistic)
+  m.Observe(5, 0.014);
+  EXPECT_NEAR(m.Predict(3), 0.012, 1e-12);             // between the two
+  EXPECT_NEAR(m.Predict(9), 0.014 + 4 * 0.001, 1e-12);  // past the largest: the range's slope
+  EXPECT_NEAR(m.Predict(0.5), 0.010, 1e-12);            // below the smallest: flat
+  // EWMA: a new observation moves the value a fifth of the way.
+  m.Observe(5, 0.024);
+  EXPECT_NEAR(m.Predict(5), 0.016, 1e-12);
+}
+
+TEST(PassCostModel, CalibrationCurveFollowsTheLoad) {
+  PassCostModel m;
+  m.Set(1, 0.010);
+  m.Set(9, 0.018);
+  EXPECT_FALSE(m.empty());
+  EXPECT_NEAR(m.Predict(5), 0.014, 1e-12);
+  // Online passes twice as slow as calibrated (a loaded machine): uncalibrated counts and
+  // counts seen online once follow the curve times the load factor, which moves towards 2.
+  for (int i = 0; i < 60; ++i) m.Observe(1, 0.020);
+  EXPECT_NEAR(m.load_factor(), 2.0, 0.01);
+  EXPECT_NEAR(m.Predict(1), 0.020, 1e-9);        // seen online: its own value
+  EXPECT_NEAR(m.Predict(5), 2 * 0.014, 0.0005);  // never seen: the curve, scaled
+  EXPECT_NEAR(m.Predict(9), 2 * 0.018, 0.0005);
+}
+
+// A controller whose cost model holds t(T) = a + b * T for T in [1, 64].
+void WithCost(SpecController& c, double a, double b) {
+  for (int t = 1; t <= 64; ++t)
+    for (int k = 0; k < 2; ++k) c.ObserveStep(nullptr, t, a + b * t, a + b * t, 0, 0, 0);
+}
+
+// A sequence that saw `trees` trees of a chain of `depth`, each accepting `accepted` tokens.
+AcceptanceModel Seen(int trees, int32_t depth, int32_t accepted) {
+  AcceptanceModel m;
+  std::vector<int32_t> nodes(static_cast<size_t>(depth), 1);
+  for (int i = 0; i < trees; ++i) m.Observe(depth, nodes, accepted, SpecController::kSeqAlpha);
+  return m;
+}
+
+std::vector<SpecController::Candidate> Candidates(const std::vector<AcceptanceModel>& own,
+                                                  const std::string& key,
+                                                  const std::vector<int64_t>& shape) {
+  std::vector<SpecController::Candidate> cs;
+  for (size_t i = 0; i < own.size(); ++i) {
+    SpecController::Candidate c;
+    c.key = &key;
+    c.own = &own[i];
+    c.shape_nodes = shape;
+    c.max_depth = static_cast<int32_t>(shape.size());
+    c.id = 1 + 2 * i;  // never probing at the controller's first step ((0 + id) % 16 != 0)
+    cs.push_back(c);
+  }
+  return cs;
+}
+
+const std::vector<int64_t> kChain4 = {1, 1, 1, 1};
+
+TEST(SpecController, SpeculatesDeepWhenPassesAreMemoryBoundAndDraftsHit) {
+  // 20 ms per pass plus 0.1 ms per token: four more tokens cost 2%.
+  SpecController c;
+  WithCost(c, 0.020, 0.0001);
+  const std::string key = "ngram";
+  std::vector<AcceptanceModel> own(1, Seen(20, 4, 4));
+  auto choice = c.Choose(Candidates(own, key, kChain4), 1, 0, 512);
+  ASSERT_EQ(choice.depth.size(), 1u);
+  EXPECT_EQ(choice.depth[0], 4);
+  EXPECT_GT(choice.predicted_gain, 3.0);
+  EXPECT_EQ(choice.budget_tokens, 4);
+}
+
+TEST(SpecController, PlainDecodingWhenComputeBound) {
+  // A pass costs 1 ms per token and nothing else: a speculated token costs as much as a plain
+  // step but is accepted 80% of the time, so 16 sequences are better off without.
+  SpecController c;
+  WithCost(c, 0.0, 0.001);
+  const std::string key = "ngram";
+  std::vector<AcceptanceModel> own(16, Seen(20, 4, 3));
+  auto choice = c.Choose(Candidates(own, key, kChain4), 16, 0, 512);
+  for (int32_t d : choice.depth) EXPECT_EQ(d, 0);
+  EXPECT_EQ(choice.budget_tokens, 0);
+  EXPECT_DOUBLE_EQ(choice.predicted_gain, 1.0);
+}
+
+TEST(SpecController, PlainDecodingWhenDraftsFail) {
+  SpecController c;
+  WithCost(c, 0.020, 0.0005);
+  const std::string key = "layers:4";
+  std::vector<AcceptanceModel> own(4, Seen(30, 4, 0));
+  for (int i = 0; i < 30; ++i) c.ObserveTree(key, 4, std::vector<int32_t>{1, 1, 1, 1}, 0, 0.001);
+  auto choice = c.Choose(Candidates(own, key, kChain4), 4, 0, 512);
+  for (int32_t d : choice.depth) EXPECT_EQ(d, 0);
+}
+
+TEST(SpecController, DraftCostCountsAgainstSpeculation) {
+  // Cheap passes, good acceptance, but each drafted level costs as much as the pass itself.
+  SpecController c;
+  WithCost(c, 0.010, 0.0001);
+  const std::string key = "model:draft";
+  for (int i = 0; i < 30; ++i)
+    c.ObserveTree(key, 4, std::vector<int32_t>{1, 1, 1, 1}, 1, 4 * 0.012);
+  std::vector<AcceptanceModel> own(1, Seen(20, 4, 1));
+  auto choice = c.Choose(Candidates(own, key, kChain4), 1, 0, 512);
+  EXPECT_EQ(choice.depth[0], 0);
+}
+
+TEST(SpecController, GrowsWithAcceptanceBetweenTheExtremes) {
+  // 10 ms + 1 ms per token for 8 sequences: the break-even acceptance of a token is about
+  // 1 / (10 / 8 + 1) = 0.44: drafts accepted at depth 1 only go one deep.
+  SpecController c;
+  WithCost(c, 0.010, 0.001);
+  const std::string key = "ngram";
+  std::vector<AcceptanceModel> own(8, Seen(40, 4, 1));
+  auto choice = c.Choose(Candidates(own, key, kChain4), 8, 0, 512);
+  for (int32_t d : choice.depth) EXPECT_EQ(d, 1);
+}
+
+TEST(SpecController, ProbesOneLevelDeeperEveryPeriod) {
+  SpecController c;
+  WithCost(c, 0.0, 0.001);
+  const std::string key = "ngram";
+  std::vector<AcceptanceModel> own(1, Seen(20, 4, 0));
+  int probes = 0;
+  for (int32_t step = 0; step < 4 * SpecController::kProbePeriod; ++step) {
+    auto choice = c.Choose(Candidates(own, key, kChain4), 1, 0, 512);
+    EXPECT_LE(choice.depth[0], 1);
+    probes += choice.depth[0];
+  }
+  EXPECT_EQ(probes, 4);
+}
+
+TEST(SpecController, RespectsTheTokenBudget) {
+  SpecController c;
+  WithCost(c, 0.020, 0.00001);
+  const std::string key = "ngram";
+  std::vector<AcceptanceModel> own(8, Seen(20, 4, 4));
+  // 8 roots + 4 other tokens leave 4 speculated tokens in a pass of 16.
+  auto choice = c.Choose(Candidates(own, key, kChain4), 8, 4, 16);
+  int32_t total = 0;
+  for (int32_t d : choice.depth) total += d;
+  EXPECT_EQ(total, 4);
+  EXPECT_EQ(choice.budget_tokens, 4);
+}
+
+TEST(SpecController, SnapshotFollowsTheSteps) {
+  SpecController c;
+  WithCost(c, 0.020, 0.0001);
+  const std::string key = "ngram";
+  std::vector<AcceptanceModel> own(1, Seen(20, 4, 4));
+  auto choice = c.Choose(Candidates(own, key, kChain4), 1, 0, 512);
+  c.ObserveStep(&choice, 5, 0.0205, 0.0205, 0, 5, 1);
+  const SpecControllerSnapshot s = c.Snapshot();
+  EXPECT_EQ(s.steps, 1);
+  EXPECT_EQ(s.speculating_steps, 1);
+  EXPECT_EQ(s.budget_tokens, 4);
+  EXPECT_GT(s.predicted_gain, 3.0);
+  EXPECT_NEAR(s.measured_gain, (5 / 0.0205) / (1 / choice.plain_seconds), 1e-9);
+}
+
+TEST(SpecBudgetMode, Parses) {
+  SpecBudgetMode m = SpecBudgetMode::kStatic;
+  EXPECT_TRUE(ParseSpecBudgetMode("auto", &m));
+  EXPECT_EQ(m, SpecBudgetMode::kAuto);
+  EXPECT_TRUE(ParseSpecBudgetMode("static", &m));
+  EXPECT_EQ(m, SpecBudgetMode::kStatic);
+  EXPECT_FALSE(ParseSpecBudgetMode("4", &m));
+  EXPECT_STREQ(SpecBudgetModeName(SpecBudgetMode::kAuto), "auto");
+}
+
+}  // namespace
+}  // namespace specinfer
