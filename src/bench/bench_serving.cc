@@ -438,7 +438,7 @@ int Main(int argc, char** argv) {
   app.add_option("--specinfer", specinfer_bin, "The specinfer binary (default: beside this one)");
   app.add_option("--tokenizer", tokenizer, "Tokenizer file (llama2.c)");
   app.add_option("--chat-template", chat_template,
-                 "For models without one of their own: chatml, llama2 or llama3");
+                 "For models without one of their own: chatml, llama2, llama3 or gemma");
   app.add_option("-t,--threads", threads, "Engine threads")->check(CLI::Range(0, 256));
   app.add_option("--concurrency", concurrency, "Concurrent clients, one setting each")
       ->delimiter(',');
