@@ -82,6 +82,7 @@ struct StreamEvent {
   // kFinished:
   FinishReason finish_reason = FinishReason::kLength;
   int32_t prompt_tokens = 0;
+  int32_t cached_prompt_tokens = 0;  // of prompt_tokens, those whose KV came from the prefix cache
   int32_t completion_tokens = 0;
   Status error;  // kError
 };
