@@ -160,6 +160,13 @@ double MetricLabelled(const std::string& text, const std::string& sample) {
   return p == std::string::npos ? -1 : std::atof(text.c_str() + p + sample.size() + 2);
 }
 
+std::string ScrapeMetrics(int port) {
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(10, 0);
+  auto r = cli.Get("/metrics");
+  return r && r->status == 200 ? r->body : std::string();
+}
+
 // One run of the chat-multiturn workload against the daemon at `port`.
 struct ChatRun {
   bool prefix_cache = false;
@@ -168,10 +175,27 @@ struct ChatRun {
   int64_t tokens = 0;
   std::vector<double> ttft_ms, later_ttft_ms;  // all turns; turns 2+
   std::vector<std::string> answers;            // [conversation * turns + turn]
-  double hit_rate = -1;                        // -1: not known (a cluster)
+  double hit_rate = -1;                        // -1: not known (the daemon's /metrics lacked it)
   int64_t evictions = -1, cached_blocks = -1;
   bool failed = false;
 };
+
+// The run's prefix-cache figures from the daemon's /metrics before and after it (a cluster's
+// manager): hit rate = hit / queried prompt tokens over the run, evictions over the run, cached
+// blocks at its end. Left at -1 when a scrape failed or lacks the counters.
+void PrefixCacheFromMetrics(const std::string& before, const std::string& after, ChatRun* run) {
+  const double q0 = MetricValue(before, "specinfer_prefix_cache_queried_tokens_total");
+  const double q1 = MetricValue(after, "specinfer_prefix_cache_queried_tokens_total");
+  const double h0 = MetricValue(before, "specinfer_prefix_cache_hit_tokens_total");
+  const double h1 = MetricValue(after, "specinfer_prefix_cache_hit_tokens_total");
+  if (q0 < 0 || q1 < 0 || h0 < 0 || h1 < 0) return;
+  run->hit_rate = q1 > q0 ? (h1 - h0) / (q1 - q0) : 0;
+  const double e0 = MetricValue(before, "specinfer_prefix_cache_evictions_total");
+  const double e1 = MetricValue(after, "specinfer_prefix_cache_evictions_total");
+  if (e0 >= 0 && e1 >= 0) run->evictions = static_cast<int64_t>(e1 - e0);
+  const double cached = MetricValue(after, "specinfer_kv_blocks_cached");
+  if (cached >= 0) run->cached_blocks = static_cast<int64_t>(cached);
+}
 
 ChatRun RunChat(int port, int conversations, int turns, int max_tokens) {
   ChatRun run;
@@ -291,7 +315,12 @@ int RunChatBenchmark(const std::string& model, const std::string& tokenizer,
         }
         RunOne(child.port, {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
                             {"max_tokens", 4}, {"stream", true}});  // warm-up
+        // The manager runs the engine core and its KV cache: its /metrics counts the prefix
+        // cache as the in-process daemon's gauges do.
+        const std::string before = ScrapeMetrics(child.port);
         run = RunChat(child.port, conversations, turns, max_tokens);
+        const std::string after = ScrapeMetrics(child.port);
+        PrefixCacheFromMetrics(before, after, &run);
         kill(child.pid, SIGTERM);
         waitpid(child.pid, nullptr, 0);
       } else {
@@ -438,7 +467,7 @@ int Main(int argc, char** argv) {
   app.add_option("--specinfer", specinfer_bin, "The specinfer binary (default: beside this one)");
   app.add_option("--tokenizer", tokenizer, "Tokenizer file (llama2.c)");
   app.add_option("--chat-template", chat_template,
-                 "For models without one of their own: chatml, llama2 or llama3");
+                 "For models without one of their own: chatml, llama2, llama3 or gemma");
   app.add_option("-t,--threads", threads, "Engine threads")->check(CLI::Range(0, 256));
   app.add_option("--concurrency", concurrency, "Concurrent clients, one setting each")
       ->delimiter(',');

@@ -47,7 +47,7 @@ CLI::App* AddClusterCommand(CLI::App& app, ClusterArgs& a) {
                 "Every worker on a free port and no gRPC frontend (one machine only: tests, "
                 "benchmarks beside other deployments)");
   cmd->add_option("--chat-template", a.chat_template,
-                  "Replace manager.chat_template: chatml, llama2 or llama3");
+                  "Replace manager.chat_template: chatml, llama2, llama3 or gemma");
   cmd->add_flag("--no-prefix-cache", a.no_prefix_cache,
                 "Turn the manager's automatic prefix caching off (limits.prefix_cache: false)");
   return cmd;

@@ -2,7 +2,7 @@
 // (dist/cluster_config.h, examples in configs/).
 //
 //   specinfer cluster --config FILE [--role all|manager] [--model PATH [--tokenizer PATH]]
-//                     [--http-port P] [--any-ports] [--chat-template chatml|llama2|llama3]
+//                     [--http-port P] [--any-ports] [--chat-template chatml|llama2|llama3|gemma]
 //       all (default): the whole deployment on this machine: every worker of the config as a
 //       child process, then the request manager with its HTTP and gRPC frontends in this one;
 //       manager: only the manager, connecting to workers started elsewhere (multi-host).

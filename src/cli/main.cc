@@ -2,7 +2,7 @@
 //
 //   specinfer generate --model PATH [--tokenizer PATH] --prompt TEXT --max-tokens N
 //                      [--temperature T] [--top-k K] [--top-p P] [--seed S] [--json]
-//                      [--chat [--chat-template chatml|llama2|llama3] [--system TEXT]]
+//                      [--chat [--chat-template chatml|llama2|llama3|gemma] [--system TEXT]]
 //                      [--draft ngram[:N]|layers:K|model:PATH ...] [--tree 1,1,3,1]
 //                      [--backend cpu|cuda] [--draft-backend cpu|cuda]
 //   specinfer serve ...                       (cli/serve.h)
@@ -250,7 +250,7 @@ int main(int argc, char** argv) {
   CLI::Option* chat_flag = generate->add_flag(
       "--chat", gen.chat, "Treat --prompt as a user message and apply the model's chat template");
   generate->add_option("--chat-template", gen.chat_template,
-                       "Chat template override with --chat: chatml, llama2 or llama3")
+                       "Chat template override with --chat: chatml, llama2, llama3 or gemma")
       ->needs(chat_flag);
   generate->add_option("--system", gen.system, "System message with --chat")->needs(chat_flag);
   generate->add_option("--draft", gen.engine.drafts,

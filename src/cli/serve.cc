@@ -33,7 +33,7 @@ void AddServeOptions(CLI::App* cmd, ServeArgs& a) {
                   "Require 'Authorization: Bearer KEY' on /v1/ and gRPC calls")
       ->envname("SPECINFER_API_KEY");
   cmd->add_option("--chat-template", a.chat_template,
-                  "Chat template override: chatml, llama2 or llama3 (default: the model's own)");
+                  "Chat template override: chatml, llama2, llama3 or gemma (default: the model's own)");
   cmd->add_option("--max-batch", a.max_batch,
                   "Sequences generated at once (continuous batching); the KV cache holds this "
                   "many full contexts")

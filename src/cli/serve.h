@@ -5,7 +5,7 @@
 //                   [--host 127.0.0.1] [--port 8000] [--grpc-port 50051 (0: off)]
 //                   [--served-model-name NAME] [--api-key KEY | $SPECINFER_API_KEY]
 //                   [--max-queue 64] [--max-body-bytes 4194304] [--http-threads N]
-//                   [--chat-template chatml|llama2|llama3]
+//                   [--chat-template chatml|llama2|llama3|gemma]
 //
 // Once both ports listen it prints one line on standard output:
 //   listening http=HOST:PORT grpc=HOST:PORT model=NAME

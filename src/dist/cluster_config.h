@@ -60,7 +60,7 @@ struct ClusterManager {
   std::string tree = std::string(kDefaultTreeShape);
   std::string spec_budget = "auto";  // engine/spec_controller.h: auto | static
   std::string served_model_name;
-  std::string chat_template;  // chatml | llama2 | llama3; "": the model's own
+  std::string chat_template;  // chatml | llama2 | llama3 | gemma; "": the model's own
   int32_t rpc_timeout_ms = 5000;
   int32_t probe_interval_ms = 1000;
   int32_t drain_timeout_s = 10;

@@ -12,6 +12,9 @@ constexpr std::string_view kImEnd = "<|im_end|>";
 constexpr std::string_view kStartHeader = "<|start_header_id|>";
 constexpr std::string_view kEndHeader = "<|end_header_id|>";
 constexpr std::string_view kEotId = "<|eot_id|>";
+constexpr std::string_view kStartOfTurn = "<start_of_turn>";
+constexpr std::string_view kEndOfTurn = "<end_of_turn>";
+constexpr std::string_view kSupportedNames = "chatml|llama2|llama3|gemma";
 
 bool Contains(std::string_view haystack, std::string_view needle) {
   return haystack.find(needle) != std::string_view::npos;
@@ -136,6 +139,25 @@ bool FindChatMlDefaultSystem(std::string_view src, std::string* out) {
   return false;
 }
 
+// Finds Gemma 3's separator between the system message and the first user turn, written as
+// `set first_user_prefix = messages[0]['content'] + '\n\n'` (the literal may use either quote).
+// False if the template has no such assignment.
+bool FindGemmaSystemSeparator(std::string_view src, std::string* out) {
+  static constexpr std::string_view kAssign = "first_user_prefix = messages[0]['content'] + ";
+  const size_t pos = src.find(kAssign);
+  if (pos == std::string_view::npos) return false;
+  size_t i = pos + kAssign.size();
+  if (i >= src.size() || (src[i] != '\'' && src[i] != '"')) return false;
+  const char quote = src[i++];
+  const size_t begin = i;
+  for (; i < src.size() && src[i] != quote; ++i) {
+    if (src[i] == '\\') ++i;
+  }
+  if (i >= src.size()) return false;
+  *out = UnescapeJinjaLiteral(src.substr(begin, i - begin));
+  return true;
+}
+
 Status ValidateMessages(std::span<const ChatMessage> messages) {
   if (messages.empty()) return InvalidArgumentError("chat request has no messages");
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -182,14 +204,14 @@ std::string StripUnicodeWhitespace(std::string_view text) {
 StatusOr<ChatTemplate> ChatTemplate::FromModelTemplate(std::string_view src, std::string bos_token,
                                                        std::string eos_token) {
   if (src.empty()) {
-    return InvalidArgumentError(
-        "the model has no chat template; choose one with --chat-template chatml|llama2|llama3");
+    return InvalidArgumentError("the model has no chat template; choose one with --chat-template " +
+                                std::string(kSupportedNames));
   }
   if (src.size() > kMaxChatTemplateBytes) {
-    return InvalidArgumentError("the model's chat template has " + std::to_string(src.size()) +
-                                " bytes, more than the limit of " +
-                                std::to_string(kMaxChatTemplateBytes) +
-                                "; choose one with --chat-template chatml|llama2|llama3");
+    return InvalidArgumentError(
+        "the model's chat template has " + std::to_string(src.size()) +
+        " bytes, more than the limit of " + std::to_string(kMaxChatTemplateBytes) +
+        "; choose one with --chat-template " + std::string(kSupportedNames));
   }
   if (Contains(src, kImStart)) {
     ChatTemplate t(Family::kChatMl, std::move(bos_token), std::move(eos_token));
@@ -198,6 +220,16 @@ StatusOr<ChatTemplate> ChatTemplate::FromModelTemplate(std::string_view src, std
   }
   const bool trims = Contains(src, ".strip()") || Contains(src, "trim");
   const bool uses_bos = Contains(src, "bos_token");
+  if (Contains(src, kStartOfTurn) && Contains(src, kEndOfTurn)) {
+    ChatTemplate t(Family::kGemma, std::move(bos_token), std::move(eos_token));
+    t.trim_content_ = trims;
+    t.emit_bos_ = uses_bos;
+    // Gemma 1/2: {% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not
+    // supported') }}; Gemma 3: {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}.
+    t.reject_system_ = Contains(src, "System role not supported");
+    FindGemmaSystemSeparator(src, &t.system_separator_);
+    return t;
+  }
   if (Contains(src, kStartHeader) && Contains(src, kEndHeader)) {
     ChatTemplate t(Family::kLlama3, std::move(bos_token), std::move(eos_token));
     t.trim_content_ = trims;
@@ -211,8 +243,9 @@ StatusOr<ChatTemplate> ChatTemplate::FromModelTemplate(std::string_view src, std
     return t;
   }
   return UnimplementedError(
-      "unrecognised chat template (supported: ChatML, Llama 2, Llama 3); choose one with "
-      "--chat-template chatml|llama2|llama3");
+      "unrecognised chat template (supported: ChatML, Llama 2, Llama 3, Gemma); choose one with "
+      "--chat-template " +
+      std::string(kSupportedNames));
 }
 
 StatusOr<ChatTemplate> ChatTemplate::Named(std::string_view name, std::string bos_token,
@@ -231,8 +264,13 @@ StatusOr<ChatTemplate> ChatTemplate::Named(std::string_view name, std::string bo
     if (eos_token.empty()) eos_token = std::string(kEotId);
     return ChatTemplate(Family::kLlama3, std::move(bos_token), std::move(eos_token));
   }
+  if (name == "gemma") {
+    if (bos_token.empty()) bos_token = "<bos>";
+    if (eos_token.empty()) eos_token = "<eos>";
+    return ChatTemplate(Family::kGemma, std::move(bos_token), std::move(eos_token));
+  }
   return InvalidArgumentError("unknown chat template '" + std::string(name) +
-                              "' (expected chatml, llama2 or llama3)");
+                              "' (expected chatml, llama2, llama3 or gemma)");
 }
 
 std::string_view ChatTemplate::name() const {
@@ -243,6 +281,8 @@ std::string_view ChatTemplate::name() const {
       return "llama2";
     case Family::kLlama3:
       return "llama3";
+    case Family::kGemma:
+      return "gemma";
   }
   return "";
 }
@@ -251,6 +291,7 @@ std::vector<std::string> ChatTemplate::stop_token_texts() const {
   std::vector<std::string> out;
   if (family_ == Family::kChatMl) out.emplace_back(kImEnd);
   if (family_ == Family::kLlama3) out.emplace_back(kEotId);
+  if (family_ == Family::kGemma) out.emplace_back(kEndOfTurn);
   if (!eos_token_.empty() && std::find(out.begin(), out.end(), eos_token_) == out.end()) {
     out.push_back(eos_token_);
   }
@@ -267,6 +308,8 @@ StatusOr<std::string> ChatTemplate::Apply(std::span<const ChatMessage> messages,
       return ApplyLlama2(messages);
     case Family::kLlama3:
       return ApplyLlama3(messages, add_generation_prompt);
+    case Family::kGemma:
+      return ApplyGemma(messages, add_generation_prompt);
   }
   return InternalError("unknown chat template family");
 }
@@ -333,6 +376,41 @@ std::string ChatTemplate::ApplyLlama3(std::span<const ChatMessage> messages,
   if (add_generation_prompt) {
     out.append(kStartHeader).append("assistant").append(kEndHeader).append("\n\n");
   }
+  return out;
+}
+
+StatusOr<std::string> ChatTemplate::ApplyGemma(std::span<const ChatMessage> messages,
+                                               bool add_generation_prompt) const {
+  const bool has_system = messages[0].role == "system";
+  // Gemma 1/2: {% if messages[0]['role'] == 'system' %}{{ raise_exception(...) }}
+  if (has_system && reject_system_) {
+    return InvalidArgumentError(
+        "System role not supported (this Gemma template has no system turn; --chat-template "
+        "gemma writes it into the first user turn, as Gemma 3 does)");
+  }
+  // Gemma 3: {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%} (not trimmed)
+  std::string first_user_prefix;
+  if (has_system) first_user_prefix = messages[0].content + system_separator_;
+  std::span<const ChatMessage> loop = has_system ? messages.subspan(1) : messages;
+  std::string out;
+  // {{ bos_token }}
+  if (emit_bos_) out.append(bos_token_);
+  for (size_t i = 0; i < loop.size(); ++i) {
+    const ChatMessage& m = loop[i];
+    // {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}{{ raise_exception(...) }}
+    if ((m.role == "user") != (i % 2 == 0)) {
+      return InvalidArgumentError(
+          "Conversation roles must alternate user/assistant/user/assistant/... (gemma template)");
+    }
+    // {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    out.append(kStartOfTurn).append(m.role == "assistant" ? "model" : m.role) += '\n';
+    if (i == 0) out.append(first_user_prefix);
+    // {{ message['content'] | trim }}{{ '<end_of_turn>\n' }}
+    out.append(trim_content_ ? StripUnicodeWhitespace(m.content) : m.content).append(kEndOfTurn);
+    out += '\n';
+  }
+  // {{'<start_of_turn>model\n'}}
+  if (add_generation_prompt) out.append(kStartOfTurn).append("model\n");
   return out;
 }
 

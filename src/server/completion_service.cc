@@ -93,6 +93,7 @@ ApiError CompletionService::Prepare(const CompletionRequest& r, PreparedRequest*
 
   // Tokenize every prompt: [prompt][ids], with its stop tokens.
   std::vector<std::vector<int32_t>> prompts;
+  out->choices_per_prompt = r.n;
   std::vector<int32_t> stop_tokens = engine.default_stop_tokens();
   if (r.chat) {
     const std::string& tmpl = r.chat_template.empty() ? options_.chat_template : r.chat_template;

@@ -40,6 +40,7 @@ struct ServiceOptions {
 struct PreparedRequest {
   std::vector<SequenceJob> jobs;  // job i is choice i: prompt i / n, sample i % n
   int32_t prompt_tokens = 0;      // usage: every prompt counted once
+  int32_t choices_per_prompt = 1;  // the request's n: jobs [p * n, (p + 1) * n) share prompt p
 };
 
 class CompletionService {

@@ -194,6 +194,7 @@ class SpecInferService final : public v1::SpecInfer::Service {
         v1::Usage* u = msg.mutable_usage();
         u->set_prompt_tokens(ev->prompt_tokens);
         u->set_completion_tokens(ev->completion_tokens);
+        u->set_cached_tokens(ev->cached_prompt_tokens);
         u->set_total_tokens(ev->prompt_tokens + ev->completion_tokens);
       }
       if (!writer->Write(msg)) {

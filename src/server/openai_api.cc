@@ -372,10 +372,11 @@ json BytesArray(std::string_view bytes) {
   return a;
 }
 
-json UsageJson(int32_t prompt, int32_t completion) {
+json UsageJson(int32_t prompt, int32_t completion, int32_t cached) {
   return {{"prompt_tokens", prompt},
           {"completion_tokens", completion},
-          {"total_tokens", prompt + completion}};
+          {"total_tokens", prompt + completion},
+          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
 }  // namespace
@@ -513,12 +514,24 @@ OpenAiResponseWriter::OpenAiResponseWriter(OpenAiEndpoint endpoint, const Tokeni
       id_(std::move(id)),
       created_(created),
       prompt_tokens_(prepared.prompt_tokens),
+      choices_per_prompt_(std::max(prepared.choices_per_prompt, 1)),
       choices_(prepared.jobs.size()) {
   for (const SequenceJob& j : prepared.jobs) {
     if (j.index >= 0 && static_cast<size_t>(j.index) < choices_.size() &&
         !j.generate.prompt_tokens.empty())
       choices_[j.index].prev_token = j.generate.prompt_tokens.back();
   }
+}
+
+int32_t OpenAiResponseWriter::CachedPromptTokens() const {
+  int32_t total = 0;
+  for (size_t p = 0; p < choices_.size(); p += choices_per_prompt_) {
+    int32_t least = choices_[p].cached_prompt_tokens;
+    for (size_t i = p; i < std::min(choices_.size(), p + choices_per_prompt_); ++i)
+      least = std::min(least, choices_[i].cached_prompt_tokens);
+    total += least;
+  }
+  return total;
 }
 
 RenderedToken OpenAiResponseWriter::RenderOne(int32_t prev, int32_t token, float logprob) const {
@@ -623,6 +636,7 @@ std::vector<std::string> OpenAiResponseWriter::StreamChunks(const StreamEvent& e
   if (finished) {
     choice.finish_reason = FinishReasonText(e.finish_reason);
     choice.completion_tokens = e.completion_tokens;
+    choice.cached_prompt_tokens = e.cached_prompt_tokens;
   }
   json chunk = {
       {"id", id_},
@@ -643,7 +657,7 @@ std::string OpenAiResponseWriter::UsageChunk() const {
       {"created", created_},
       {"model", model_},
       {"choices", json::array()},
-      {"usage", UsageJson(prompt_tokens_, completion)}});
+      {"usage", UsageJson(prompt_tokens_, completion, CachedPromptTokens())}});
 }
 
 void OpenAiResponseWriter::Add(const StreamEvent& e) {
@@ -657,6 +671,7 @@ void OpenAiResponseWriter::Add(const StreamEvent& e) {
   if (e.type == StreamEvent::Type::kFinished) {
     choice.finish_reason = FinishReasonText(e.finish_reason);
     choice.completion_tokens = e.completion_tokens;
+    choice.cached_prompt_tokens = e.cached_prompt_tokens;
   }
 }
 
@@ -682,7 +697,7 @@ std::string OpenAiResponseWriter::Response() const {
            {"created", created_},
            {"model", model_},
            {"choices", std::move(choices)},
-           {"usage", UsageJson(prompt_tokens_, completion)}});
+           {"usage", UsageJson(prompt_tokens_, completion, CachedPromptTokens())}});
 }
 
 std::string SseData(std::string_view data) {

@@ -77,6 +77,8 @@ class OpenAiResponseWriter {
   // (send OpenAiErrorBody instead).
   std::vector<std::string> StreamChunks(const StreamEvent& event);
   // The final chunk with usage (stream_options.include_usage), after every choice finished.
+  // Usage everywhere: prompt_tokens, completion_tokens, total_tokens and
+  // prompt_tokens_details.cached_tokens (prompt tokens served from the prefix cache).
   std::string UsageChunk() const;
 
   // Non-streaming: collect every event, then render the whole response.
@@ -91,7 +93,13 @@ class OpenAiResponseWriter {
     std::vector<RenderedToken> logprobs;  // non-streaming: accumulated
     std::string finish_reason;            // "" until finished
     int32_t completion_tokens = 0;
+    int32_t cached_prompt_tokens = 0;  // of its prompt, tokens whose KV came from the prefix cache
   };
+
+  // usage.prompt_tokens_details.cached_tokens: per prompt (counted once, as prompt_tokens), the
+  // tokens cached for every one of its n choices. (With n > 1 the later samples of a prompt
+  // usually find the first one's KV; the prompt was still computed once for this request.)
+  int32_t CachedPromptTokens() const;
 
   // Renders `event`'s tokens for `choice` (advancing its token state); empty without logprobs.
   std::vector<RenderedToken> Render(Choice& choice, const StreamEvent& event) const;
@@ -103,6 +111,7 @@ class OpenAiResponseWriter {
   const std::string id_;
   const int64_t created_;
   const int32_t prompt_tokens_;
+  const int32_t choices_per_prompt_;
   std::vector<Choice> choices_;
 };
 

@@ -94,6 +94,7 @@ void SequenceOutput::OnDone(StatusOr<GenerateResult> outcome) {
   done.text = reason == FinishReason::kCancelled ? std::string() : text_.Finish();
   done.finish_reason = reason;
   done.prompt_tokens = prompt_tokens_;
+  done.cached_prompt_tokens = result.stats.cached_prompt_tokens;
   done.completion_tokens = generated;
   stream_->Push(std::move(done));
   metrics_.CountFinished(FinishLabel(reason));

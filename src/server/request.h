@@ -43,7 +43,7 @@ struct CompletionRequest {
   bool chat = false;
   std::vector<PromptInput> prompts;   // !chat: one or more prompts
   std::vector<ChatMessage> messages;  // chat: the conversation
-  std::string chat_template;          // chat: "" = the model's own; chatml, llama2, llama3
+  std::string chat_template;          // chat: "" = the model's own; chatml, llama2, llama3, gemma
 
   // New tokens per sequence; absent: as many as the context holds after the prompt.
   std::optional<int64_t> max_tokens;
@@ -82,6 +82,7 @@ struct StreamEvent {
   // kFinished:
   FinishReason finish_reason = FinishReason::kLength;
   int32_t prompt_tokens = 0;
+  int32_t cached_prompt_tokens = 0;  // of prompt_tokens, those whose KV came from the prefix cache
   int32_t completion_tokens = 0;
   Status error;  // kError
 };

@@ -25,11 +25,11 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 pass() { passes=$((passes + 1)); }
 
 # BOS is never doubled: on stories260K (llama2.c; its tokenizer wants BOS and stores it as
-# "\n<s>\n"), the llama2 and llama3 templates write BOS themselves, chatml does not: each prompt
-# must hold exactly one BOS (id 1), first.
+# "\n<s>\n"), the llama2, llama3 and gemma templates write BOS themselves, chatml does not: each
+# prompt must hold exactly one BOS (id 1), first.
 STORIES=(-m "$SRC/tests/data/stories260K/stories260K.bin"
          --tokenizer "$SRC/tests/data/stories260K/tok512.bin")
-for t in llama2 llama3 chatml; do
+for t in llama2 llama3 gemma chatml; do
   json=$("$BIN" generate "${STORIES[@]}" --chat --chat-template "$t" --system "Be kind." -p "hi" \
     -n 2 --temperature 0 --json 2>"$TMP/err")
   rc=$?
@@ -109,7 +109,7 @@ expect_error() {
   if ! grep -qiE "$pattern" "$TMP/err"; then fail "$name: stderr lacks /$pattern/"; cat "$TMP/err"; return; fi
   pass
 }
-expect_error nonsense-template "unknown chat template 'nonsense'.*chatml, llama2 or llama3" \
+expect_error nonsense-template "unknown chat template 'nonsense'.*chatml, llama2, llama3 or gemma" \
   --chat --chat-template nonsense
 expect_error template-without-chat "chat" --chat-template chatml
 expect_error system-without-chat "chat" --system "be brief"

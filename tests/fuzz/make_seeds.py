@@ -309,6 +309,9 @@ def chat_template_seeds():
     write("chat_template", "regression_many_heads.jinja",
           "<|im_start|>system\n" * 200 + "'<|im_end|>")
     write("chat_template", "llama2_markers.jinja", "[INST] <<SYS>> bos_token .strip()")
+    # Gemma's system separator literal, unterminated and with a trailing backslash.
+    write("chat_template", "gemma_separator_unterminated.jinja",
+          "<start_of_turn><end_of_turn>first_user_prefix = messages[0]['content'] + '\\n\\")
     write("chat_template", "empty.jinja", "")
 
 

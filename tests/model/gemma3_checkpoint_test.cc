@@ -10,6 +10,11 @@
 //     quantisation;
 //   - greedy decoding reproduces transformers' first tokens (the first 6; later ones may part
 //     where two candidates are within the 8-bit activations' error).
+// And the chat path: the file ships no tokenizer.chat_template, so Engine::EncodeChat picks the
+// built-in gemma format from the vocabulary's <start_of_turn>/<end_of_turn> tokens; the rendered
+// conversation encodes to transformers' ids for the same turn text (the reference's second prompt)
+// and <end_of_turn> becomes a stop token. (This checkpoint is the pretrained gemma-3-270m, not the
+// instruction-tuned one: it continues a chat turn by echoing it, as transformers does too.)
 // Skipped when the model file is absent: SPECINFER_GEMMA3_GGUF, or
 // ../shared/models/gemma-3-270m-q4_k_m.gguf, or models/gemma-3-270m-q4_k_m.gguf.
 #include <gtest/gtest.h>
@@ -23,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_runner.h"
+#include "engine/engine.h"
 #include "kv/kv_cache.h"
 #include "model/dequantize.h"
 #include "model/loader.h"
@@ -135,6 +141,63 @@ TEST(Gemma3Checkpoint, MatchesTransformers) {
     kv.RemoveSequence(s);
     EXPECT_EQ(got, std::vector<int32_t>(greedy.begin(), greedy.begin() + 6));
   }
+}
+
+TEST(Gemma3Checkpoint, ChatTemplateFromTheVocabulary) {
+  const std::string path = Gemma3Path();
+  if (path.empty())
+    GTEST_SKIP() << "gemma-3-270m-q4_k_m.gguf absent (scripts/fetch_model.sh gemma3)";
+  std::ifstream f(testing::SourcePath("tests/data/gemma3/reference.json"));
+  ASSERT_TRUE(f) << "tests/data/gemma3/reference.json missing";
+  const nlohmann::json ref = nlohmann::json::parse(f);
+  const nlohmann::json* chat_case = nullptr;
+  for (const auto& cs : ref["cases"])
+    if (cs["prompt"].get<std::string>().starts_with("<start_of_turn>user\n")) chat_case = &cs;
+  ASSERT_NE(chat_case, nullptr) << "no chat-formatted prompt in the reference";
+
+  EngineOptions o;
+  o.model_path = path;
+  o.num_threads = 2;
+  o.context_length = 256;
+  auto engine = Engine::Create(o);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  ASSERT_TRUE((*engine)->chat_template().empty()) << "the file now ships a template";
+  const Tokenizer& tok = (*engine)->tokenizer();
+  std::vector<int32_t> stop = (*engine)->default_stop_tokens();
+  const std::vector<ChatMessage> messages = {{"user", "Write one sentence about the sea."}};
+  auto ids = (*engine)->EncodeChat(messages, "", &stop);
+  ASSERT_TRUE(ids.ok()) << ids.status().ToString();
+  EXPECT_EQ(*ids, (*chat_case)["tokens"].get<std::vector<int32_t>>());
+  auto end_of_turn = tok.Encode("<end_of_turn>", /*add_bos=*/false, /*parse_special=*/true);
+  ASSERT_TRUE(end_of_turn.ok() && end_of_turn->size() == 1);
+  EXPECT_NE(std::find(stop.begin(), stop.end(), (*end_of_turn)[0]), stop.end());
+  EXPECT_NE(std::find(stop.begin(), stop.end(), tok.eos_id()), stop.end());
+  // Naming the template gives the same prompt; a system message goes into the first user turn.
+  std::vector<int32_t> stop2;
+  auto named = (*engine)->EncodeChat(messages, "gemma", &stop2);
+  ASSERT_TRUE(named.ok()) << named.status().ToString();
+  EXPECT_EQ(*named, *ids);
+  const std::vector<ChatMessage> with_system = {{"system", "Be brief."}, messages[0]};
+  auto sys = (*engine)->EncodeChat(with_system, "", &stop2);
+  ASSERT_TRUE(sys.ok()) << sys.status().ToString();
+  auto sys_ref = tok.Encode(
+      "<start_of_turn>user\nBe brief.\n\nWrite one sentence about the sea.<end_of_turn>\n"
+      "<start_of_turn>model\n",
+      /*add_bos=*/true, /*parse_special=*/true);
+  ASSERT_TRUE(sys_ref.ok());
+  EXPECT_EQ(*sys, *sys_ref);
+
+  // Greedy generation from the chat prompt: transformers' first tokens (as MatchesTransformers
+  // checks for the raw runner), through the engine's generation loop.
+  GenerateRequest req;
+  req.prompt_tokens = *ids;
+  req.max_new_tokens = 6;
+  req.sampling.temperature = 0;
+  req.stop_tokens = stop;
+  auto out = (*engine)->Generate(req);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  const std::vector<int32_t> greedy = (*chat_case)["greedy"];
+  EXPECT_EQ(out->tokens, std::vector<int32_t>(greedy.begin(), greedy.begin() + 6));
 }
 
 }  // namespace

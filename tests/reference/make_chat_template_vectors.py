@@ -19,11 +19,23 @@ Template sources:
              llama.cpp's tests/test-chat-template.cpp and in many downstream copies).
   llama3   - meta-llama/Meta-Llama-3-8B-Instruct tokenizer_config.json "chat_template" (the revision
              with the add_generation_prompt guard; llama.cpp's test lists the earlier one).
-  unrecognised - google/gemma-7b-it's template, from llama.cpp tests/test-chat-template.cpp: a
-             format specinfer does not implement (FromModelTemplate must say Unimplemented).
+  gemma3   - google/gemma-3-*-it tokenizer_config.json "chat_template" (Gemma 3: the system message
+             is prepended to the first user turn, followed by a blank line).
+  gemma2   - google/gemma-2-2b-it tokenizer_config.json "chat_template" (BOS, and a system message
+             is an error: raise_exception('System role not supported')).
+  gemma-7b-it - google/gemma-7b-it's template, from llama.cpp tests/test-chat-template.cpp: as
+             gemma2 without bos_token (the tokenizer adds BOS).
+  unrecognised - zephyr's template (<|user|> ...): a format specinfer does not implement
+             (FromModelTemplate must say Unimplemented).
+
+Each template entry names its "family" (ChatTemplate::name()) and whether
+ChatTemplate::Named(family) renders like it ("named"; only where the template adds nothing).
+When transformers is installed, every rendering is also made by transformers'
+render_jinja_template (what tokenizer.apply_chat_template(tokenize=False) runs) and must be the
+same string: the jinja2 set-up below is transformers'.
 
 Usage: python3 tests/reference/make_chat_template_vectors.py [--check]
-Requires: jinja2 (pip install jinja2); gguf optional.
+Requires: jinja2 (pip install jinja2); gguf and transformers optional.
 """
 import argparse
 import json
@@ -74,7 +86,7 @@ LLAMA3 = (
     "{% endif %}"
 )
 
-GEMMA = (
+GEMMA_7B = (
     "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
     "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != "
     "(loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
@@ -82,6 +94,63 @@ GEMMA = (
     "{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}"
     "{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}"
+)
+
+GEMMA2 = "{{ bos_token }}" + GEMMA_7B
+
+# Lines joined with real newlines, as the JSON string holds them; '\\n' in Jinja literals.
+GEMMA3 = "\n".join([
+    "{{ bos_token }}",
+    "{%- if messages[0]['role'] == 'system' -%}",
+    "    {%- if messages[0]['content'] is string -%}",
+    "        {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}",
+    "    {%- else -%}",
+    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\\n\\n' -%}",
+    "    {%- endif -%}",
+    "    {%- set loop_messages = messages[1:] -%}",
+    "{%- else -%}",
+    "    {%- set first_user_prefix = \"\" -%}",
+    "    {%- set loop_messages = messages -%}",
+    "{%- endif -%}",
+    "{%- for message in loop_messages -%}",
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}",
+    "        {{ raise_exception(\"Conversation roles must alternate "
+    "user/assistant/user/assistant/...\") }}",
+    "    {%- endif -%}",
+    "    {%- if (message['role'] == 'assistant') -%}",
+    "        {%- set role = \"model\" -%}",
+    "    {%- else -%}",
+    "        {%- set role = message['role'] -%}",
+    "    {%- endif -%}",
+    "    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else \"\") }}",
+    "    {%- if message['content'] is string -%}",
+    "        {{ message['content'] | trim }}",
+    "    {%- elif message['content'] is iterable -%}",
+    "        {%- for item in message['content'] -%}",
+    "            {%- if item['type'] == 'image' -%}",
+    "                {{ '<start_of_image>' }}",
+    "            {%- elif item['type'] == 'text' -%}",
+    "                {{ item['text'] | trim }}",
+    "            {%- endif -%}",
+    "        {%- endfor -%}",
+    "    {%- else -%}",
+    "        {{ raise_exception(\"Invalid content type\") }}",
+    "    {%- endif -%}",
+    "    {{ '<end_of_turn>\\n' }}",
+    "{%- endfor -%}",
+    "{%- if add_generation_prompt -%}",
+    "    {{'<start_of_turn>model\\n'}}",
+    "{%- endif -%}",
+    "",
+])
+
+ZEPHYR = (
+    "{% for message in messages %}\n{% if message['role'] == 'user' %}\n"
+    "{{ '<|user|>\n' + message['content'] + eos_token }}\n{% elif message['role'] == 'system' %}\n"
+    "{{ '<|system|>\n' + message['content'] + eos_token }}\n"
+    "{% elif message['role'] == 'assistant' %}\n{{ '<|assistant|>\n'  + message['content'] + "
+    "eos_token }}\n{% endif %}\n{% if loop.last and add_generation_prompt %}\n"
+    "{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}"
 )
 
 
@@ -133,11 +202,15 @@ CONVERSATIONS = [
     ("special_text_in_content", [U("Say <b>hi</b> & [INST] {{ not jinja }} '\"\\n")], False),
 ]
 
+# (name, source, bos_token, eos_token, family, Named(family) renders the same)
 TEMPLATES = [
-    ("smollm2", None, "<|im_start|>", "<|im_end|>"),
-    ("chatml", CHATML, "<s>", "<|im_end|>"),
-    ("llama2", LLAMA2, "<s>", "</s>"),
-    ("llama3", LLAMA3, "<|begin_of_text|>", "<|eot_id|>"),
+    ("smollm2", None, "<|im_start|>", "<|im_end|>", "chatml", False),
+    ("chatml", CHATML, "<s>", "<|im_end|>", "chatml", True),
+    ("llama2", LLAMA2, "<s>", "</s>", "llama2", True),
+    ("llama3", LLAMA3, "<|begin_of_text|>", "<|eot_id|>", "llama3", True),
+    ("gemma3", GEMMA3, "<bos>", "<eos>", "gemma", True),
+    ("gemma2", GEMMA2, "<bos>", "<eos>", "gemma", False),
+    ("gemma-7b-it", GEMMA_7B, "<bos>", "<eos>", "gemma", False),
 ]
 
 
@@ -155,6 +228,26 @@ def render(env, source, messages, add_generation_prompt, bos, eos):
                        bos_token=bos, eos_token=eos)
 
 
+def transformers_render():
+    """transformers' renderer, or None when transformers is not installed."""
+    try:
+        from transformers.utils.chat_template_utils import render_jinja_template  # noqa: PLC0415
+    except ImportError:
+        return None
+
+    def render_hf(source, messages, add_generation_prompt, bos, eos):
+        try:
+            rendered, _ = render_jinja_template(conversations=[messages], chat_template=source,
+                                                add_generation_prompt=add_generation_prompt,
+                                                bos_token=bos, eos_token=eos)
+        except Exception as e:  # noqa: BLE001 - transformers' TemplateError
+            if "raise_exception" in repr(e) or type(e).__name__ == "TemplateError":
+                return None
+            raise
+        return rendered[0]
+    return render_hf
+
+
 def build():
     # As transformers.utils.chat_template_utils._compile_jinja_template.
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
@@ -163,10 +256,12 @@ def build():
         "generator": "tests/reference/make_chat_template_vectors.py",
         "jinja2_version": jinja2.__version__,
         "templates": [],
-        "unrecognised": [{"name": "gemma-7b-it", "source": GEMMA}, {"name": "plain-text",
-                                                                    "source": "INVALID TEMPLATE"}],
+        "unrecognised": [{"name": "zephyr", "source": ZEPHYR}, {"name": "plain-text",
+                                                                "source": "INVALID TEMPLATE"}],
     }
-    for name, source, bos, eos in TEMPLATES:
+    render_hf = transformers_render()
+    checked_hf = 0
+    for name, source, bos, eos, family, named in TEMPLATES:
         if source is None:
             source = smollm2_source()
         cases = []
@@ -176,9 +271,19 @@ def build():
                 case["expected"] = render(env, source, messages, gen, bos, eos)
             except TemplateError as e:
                 case["error"] = str(e)
+            if render_hf is not None:
+                hf = render_hf(source, messages, gen, bos, eos)
+                if hf != case.get("expected"):
+                    sys.exit(f"{name}/{cname}: transformers renders {hf!r}, jinja2 "
+                             f"{case.get('expected')!r}")
+                checked_hf += 1
             cases.append(case)
-        out["templates"].append({"name": name, "source": source, "bos_token": bos,
-                                 "eos_token": eos, "cases": cases})
+        out["templates"].append({"name": name, "family": family, "named": named,
+                                 "source": source, "bos_token": bos, "eos_token": eos,
+                                 "cases": cases})
+    if render_hf is not None:
+        print(f"transformers' render_jinja_template agrees on {checked_hf} renderings",
+              file=sys.stderr)
     return out
 
 

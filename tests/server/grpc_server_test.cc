@@ -111,6 +111,24 @@ TEST_F(GrpcServerTest, StreamingGenerateMatchesTheHttpGateway) {
   EXPECT_EQ(last.usage().completion_tokens(), j["usage"]["completion_tokens"].get<int>());
 }
 
+// Usage.cached_tokens: a repeated long prompt finds its KV in the prefix cache.
+TEST_F(GrpcServerTest, UsageReportsCachedTokens) {
+  std::string story = "The gRPC cached tokens test";
+  for (int i = 0; i < 6; ++i) story += ". Lily and Ben went to the park to play with a red ball";
+  v1::GenerateRequest req;
+  req.set_text(story);
+  req.mutable_sampling()->set_temperature(0);
+  req.set_max_tokens(4);
+  Generated first = Generate(*stub_, req);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_EQ(first.last[0].usage().cached_tokens(), 0);
+  EXPECT_GT(first.last[0].usage().prompt_tokens(), 64);
+  Generated second = Generate(*stub_, req);
+  ASSERT_TRUE(second.status.ok()) << second.status.error_message();
+  EXPECT_GT(second.last[0].usage().cached_tokens(), 0);
+  EXPECT_LT(second.last[0].usage().cached_tokens(), second.last[0].usage().prompt_tokens());
+}
+
 TEST_F(GrpcServerTest, SpeculativeGenerateGivesTheSameGreedyText) {
   v1::GenerateRequest req;
   req.set_text("Once upon a time");

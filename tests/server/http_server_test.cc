@@ -157,6 +157,55 @@ TEST_F(HttpServerTest, CompletionStreamEqualsNonStream) {
   EXPECT_GT(stream.events.size(), 3u);  // streamed piece by piece, not in one chunk
 }
 
+// usage.prompt_tokens_details.cached_tokens: the first request with a long prompt computes all of
+// it (0 cached); a second one sharing that prompt reuses the prefix cache's blocks (> 0, fewer than
+// its prompt tokens), in the non-streamed response and in the streamed usage chunk alike, on both
+// endpoints. The prompts are unique to this test: the server is shared by the suite.
+TEST_F(HttpServerTest, UsageReportsCachedPromptTokens) {
+  std::string story = "Tom the cached tokens test";
+  for (int i = 0; i < 6; ++i) story += ". Lily and Ben went to the park to play with a red ball";
+  auto cached = [](const json& usage) {
+    return usage["prompt_tokens_details"]["cached_tokens"].get<int>();
+  };
+
+  json req = {{"prompt", story}, {"max_tokens", 4}, {"temperature", 0}};
+  SseReply first = Post("/v1/completions", req);
+  ASSERT_EQ(first.status, 200) << first.body;
+  const json u1 = json::parse(first.body)["usage"];
+  const int prompt_tokens = u1["prompt_tokens"];
+  ASSERT_GT(prompt_tokens, 64) << "the prompt should span several KV blocks";
+  EXPECT_EQ(cached(u1), 0) << u1.dump();
+
+  req["prompt"] = story + ". The end";
+  SseReply second = Post("/v1/completions", req);
+  ASSERT_EQ(second.status, 200) << second.body;
+  const json u2 = json::parse(second.body)["usage"];
+  EXPECT_GT(cached(u2), 0) << u2.dump();
+  EXPECT_LT(cached(u2), u2["prompt_tokens"].get<int>());
+  EXPECT_LE(cached(u2), prompt_tokens);
+
+  req["stream"] = true;
+  req["stream_options"] = {{"include_usage", true}};
+  StreamedChoices s = ParseStream(Post("/v1/completions", req), false);
+  ASSERT_TRUE(s.usage.is_object());
+  EXPECT_GT(cached(s.usage), 0) << s.usage.dump();
+
+  // Chat: a long system message shared by two conversations.
+  json chat = {{"messages", {{{"role", "system"}, {"content", "Chat cached tokens test. " + story}},
+                             {{"role", "user"}, {"content", "Hello"}}}},
+               {"max_tokens", 4},
+               {"temperature", 0}};
+  SseReply c1 = Post("/v1/chat/completions", chat);
+  ASSERT_EQ(c1.status, 200) << c1.body;
+  EXPECT_EQ(cached(json::parse(c1.body)["usage"]), 0) << c1.body;
+  chat["messages"][1]["content"] = "Tell me more";
+  chat["stream"] = true;
+  chat["stream_options"] = {{"include_usage", true}};
+  StreamedChoices c2 = ParseStream(Post("/v1/chat/completions", chat), true);
+  ASSERT_TRUE(c2.usage.is_object());
+  EXPECT_GT(cached(c2.usage), 0) << c2.usage.dump();
+}
+
 // Per-request speculation: greedy output with speculators equals output without, streamed too,
 // and the speculation counters of /metrics move.
 TEST_F(HttpServerTest, SpeculativeRequestsGiveTheSameGreedyTextAndCountAcceptedTokens) {

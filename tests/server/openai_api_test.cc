@@ -412,6 +412,7 @@ TEST_F(ResponseWriterTest, CompletionResponse) {
   EXPECT_EQ(j["usage"]["prompt_tokens"], 3);
   EXPECT_EQ(j["usage"]["completion_tokens"], 3);
   EXPECT_EQ(j["usage"]["total_tokens"], 6);
+  EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
 }
 
 TEST_F(ResponseWriterTest, ChatStreamChunksConcatenateToTheResponse) {
@@ -475,6 +476,38 @@ TEST_F(ResponseWriterTest, CompletionLogprobsFields) {
   EXPECT_EQ(lp["text_offset"][0], 0);
   EXPECT_EQ(lp["text_offset"][1], CountCodePoints(engine_->tokenizer().TokenBytes(401, 300)));
   EXPECT_TRUE(lp["top_logprobs"][0].is_object());
+}
+
+// usage.prompt_tokens_details.cached_tokens: the prefix-cache hits of each prompt, counted once
+// per prompt as prompt_tokens is (the least over its n choices), streamed and not.
+TEST_F(ResponseWriterTest, CachedTokensCountEachPromptOnce) {
+  auto usage_of = [&](const PreparedRequest& prepared, int32_t cached0, int32_t cached1) {
+    OpenAiResponseWriter whole(OpenAiEndpoint::kChat, engine_->tokenizer(), prepared, "m", -1,
+                               "chatcmpl-1", 1);
+    OpenAiResponseWriter stream(OpenAiEndpoint::kChat, engine_->tokenizer(), prepared, "m", -1,
+                                "chatcmpl-1", 1);
+    for (StreamEvent e : Events(false)) {
+      if (e.type == StreamEvent::Type::kFinished)
+        e.cached_prompt_tokens = e.index == 0 ? cached0 : cached1;
+      whole.Add(e);
+      stream.StreamChunks(e);
+    }
+    const json u = json::parse(whole.Response())["usage"];
+    EXPECT_EQ(u, json::parse(stream.UsageChunk())["usage"]);
+    return u;
+  };
+  // One prompt, n = 2: the second sample found the first one's KV; the prompt was computed once.
+  PreparedRequest one_prompt = prepared_;
+  one_prompt.choices_per_prompt = 2;
+  EXPECT_EQ(usage_of(one_prompt, 0, 2)["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(usage_of(one_prompt, 2, 1)["prompt_tokens_details"]["cached_tokens"], 1);
+  // Two prompts, n = 1: their hits add up.
+  PreparedRequest two_prompts = prepared_;
+  two_prompts.prompt_tokens = 6;
+  const json u = usage_of(two_prompts, 2, 1);
+  EXPECT_EQ(u["prompt_tokens_details"]["cached_tokens"], 3);
+  EXPECT_EQ(u["prompt_tokens"], 6);
+  EXPECT_EQ(u["total_tokens"], 9);
 }
 
 TEST(OpenAiModels, List) {
