@@ -3,11 +3,21 @@
 // against Hugging Face transformers running the same file dequantised in float32
 // (tests/reference/gemma3_checkpoint_reference.py -> tests/data/gemma3/reference.json):
 //   - the prompts encode to transformers' token ids;
-//   - the last position's 8 largest reference logits are within 2% of the largest |logit| of
+//   - the last position's 8 largest reference logits are within 4% of the largest |logit| of
 //     ours (we quantise activations to 8 bits, transformers does not), and the argmax is the same;
 //   - the same file dequantised to float32 (--dequantize) gives transformers' logits within
-//     0.1% of the largest |logit|: the architecture is exact, the 2% above is activation
+//     0.1% of the largest |logit|: the architecture is exact, the 4% above is activation
 //     quantisation;
+// Why 4%: llama.cpp's own activation quantisation (Q8_0 for Q5_0/Q8_0 weights, Q8_K for
+// K-quants) with exact products, in a NumPy forward (tests/reference/gemma3_act_quant_noise.py),
+// puts the chat prompt's top-8 0.16 to 0.74 from transformers (up to 3.3% of max |logit| 22.5;
+// median 0.42, half of 40 runs above 2%) when the embeddings are scaled by 1 + 1e-6 N(0,1):
+// Gemma's outlier activations make some blocks' 8-bit step large, and which of their values round
+// up flips with any ulp-level change, such as a kernel's summation order or Softmax's exp. Ours
+// went 0.31 -> 0.64 with only such changes (the Q8_0 tile kernels' order, the AVX2 exp). This
+// bound checks the quantised model end to end; it cannot see a small kernel error (the script's
+// runs with a 1% activation scale error stay under 2%): the kernels' own tests pin them bit for
+// bit, and the dequantised run below pins the architecture.
 //   - greedy decoding reproduces transformers' first tokens (the first 6; later ones may part
 //     where two candidates are within the 8-bit activations' error).
 // And the chat path: the file ships no tokenizer.chat_template, so Engine::EncodeChat picks the
@@ -99,7 +109,7 @@ TEST(Gemma3Checkpoint, MatchesTransformers) {
     for (float v : logits) max_abs = std::max(max_abs, std::fabs(v));
     double max_err = 0;
     for (size_t k = 0; k < top_ids.size(); ++k) {
-      EXPECT_NEAR(logits[top_ids[k]], top[k], 0.02 * max_abs) << "token " << top_ids[k];
+      EXPECT_NEAR(logits[top_ids[k]], top[k], 0.04 * max_abs) << "token " << top_ids[k];
       max_err = std::max(max_err, std::fabs(double(logits[top_ids[k]]) - top[k]));
     }
     std::printf("gemma3 top-8 logits: max |ours - transformers| = %.4f (max |logit| %.2f)\n",
