@@ -43,32 +43,8 @@ bool LoadKQuantVectors(QuantVectors* v) {
 
 uint32_t Bits(float f) { return std::bit_cast<uint32_t>(f); }
 
-// Byte offsets of the fp16 fields (d, dmin) of each K-quant block.
-std::vector<size_t> HalfFields(DType t) {
-  switch (t) {
-    case DType::kQ2_K: return {80, 82};
-    case DType::kQ3_K: return {108};
-    case DType::kQ4_K:
-    case DType::kQ5_K: return {0, 2};
-    case DType::kQ6_K: return {208};
-    default: return {};
-  }
-}
-
-// n elements of K-quant type t: random quant bytes, d and dmin in +-[0.001, 0.05].
-std::vector<uint8_t> RandomKRow(DType t, int64_t n, std::mt19937& rng) {
-  std::vector<uint8_t> row(RowBytes(t, n));
-  std::uniform_int_distribution<int> byte(0, 255);
-  std::uniform_real_distribution<float> scale(0.001f, 0.05f);
-  for (auto& b : row) b = static_cast<uint8_t>(byte(rng));
-  const size_t bb = GetDTypeTraits(t).block_bytes;
-  for (size_t off = 0; off < row.size(); off += bb) {
-    for (size_t f : HalfFields(t)) {
-      testing::PutHalf(row.data() + off + f, scale(rng) * (byte(rng) < 32 ? -1.0f : 1.0f));
-    }
-  }
-  return row;
-}
+using testing::HalfFields;
+using testing::RandomKRow;
 
 TEST(KQuantTest, BlockStructsMatchDTypeTraits) {
   EXPECT_EQ(sizeof(cpu::BlockQ2_K), size_t(GetDTypeTraits(DType::kQ2_K).block_bytes));
