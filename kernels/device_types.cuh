@@ -76,7 +76,8 @@ __device__ __forceinline__ int ScaleQ3_K(const uint8_t* s, int j) {
 __device__ __forceinline__ float DequantQ3_K(const BlockQ3_K* b, int e) {
   const int lo = (b->qs[32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3;
   const int q = lo - (((b->hmask[e % 32] >> (e / 32)) & 1) ? 0 : 4);
-  const float dl = __fmul_rn(HalfBitsToFloat(b->d), static_cast<float>(ScaleQ3_K(b->scales, e / 16)));
+  const float dl =
+      __fmul_rn(HalfBitsToFloat(b->d), static_cast<float>(ScaleQ3_K(b->scales, e / 16)));
   return __fmul_rn(dl, static_cast<float>(q));
 }
 // The 6-bit scale and minimum of sub-block j (< 8) of Q4_K/Q5_K's packed scales[12].
@@ -103,7 +104,8 @@ __device__ __forceinline__ float DequantQ4_K(const BlockQ4_K* b, int e) {
 }
 __device__ __forceinline__ float DequantQ5_K(const BlockQ5_K* b, int e) {
   const int byte = b->qs[32 * (e / 64) + e % 32];
-  const int q = (e % 64 < 32 ? (byte & 15) : (byte >> 4)) | (((b->qh[e % 32] >> (e / 32)) & 1) << 4);
+  const int q =
+      (e % 64 < 32 ? (byte & 15) : (byte >> 4)) | (((b->qh[e % 32] >> (e / 32)) & 1) << 4);
   return DequantK4(b->d, b->dmin, b->scales, e, q);
 }
 __device__ __forceinline__ float DequantQ6_K(const BlockQ6_K* b, int e) {

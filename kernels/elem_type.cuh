@@ -30,7 +30,7 @@ enum class ElemType : int32_t {
   kQ6_K
 };
 
-inline constexpr int kQuantBlock = 32;   // elements of a Q8_0/Q4_0/Q4_1 block
+inline constexpr int kQuantBlock = 32;    // elements of a Q8_0/Q4_0/Q4_1 block
 inline constexpr int kQuantBlockK = 256;  // elements of a K-quant super-block
 
 struct BlockQ4_0 {
@@ -88,9 +88,9 @@ SPECINFER_HOST_DEVICE inline constexpr bool IsKQuant(ElemType t) {
 
 // Elements per block of type t: a row's length must be a multiple of it (1 for the float types).
 SPECINFER_HOST_DEVICE inline constexpr int ElemBlockElems(ElemType t) {
-  return IsKQuant(t) ? kQuantBlockK
+  return IsKQuant(t)                                                              ? kQuantBlockK
          : (t == ElemType::kQ8_0 || t == ElemType::kQ4_0 || t == ElemType::kQ4_1) ? kQuantBlock
-                                                                                 : 1;
+                                                                                  : 1;
 }
 
 // Bytes of a row of `n` elements of type t (n a multiple of ElemBlockElems(t)).

@@ -22,7 +22,9 @@
 namespace specinfer::kernels {
 
 template <ElemType W>
-inline constexpr int kKOffset = W == ElemType::kQ3_K ? 4 : W == ElemType::kQ6_K ? 32 : 0;
+inline constexpr int kKOffset = W == ElemType::kQ3_K   ? 4
+                                : W == ElemType::kQ6_K ? 32
+                                                       : 0;
 template <ElemType W>
 inline constexpr bool kKHasMin =
     W == ElemType::kQ2_K || W == ElemType::kQ4_K || W == ElemType::kQ5_K;
@@ -38,8 +40,8 @@ __device__ __forceinline__ void Load32Bytes(const uint8_t* p, uint32_t (&w)[8]) 
 // Group g of super-block b of a row of type W: unpacked quants wd, scales dl and minima ml (0
 // for the types without one).
 template <ElemType W>
-__device__ __forceinline__ void LoadKGroup(const uint8_t* wrow, int64_t b, int g,
-                                           uint32_t (&wd)[8], float (&dl)[2], float (&ml)[2]) {
+__device__ __forceinline__ void LoadKGroup(const uint8_t* wrow, int64_t b, int g, uint32_t (&wd)[8],
+                                           float (&dl)[2], float (&ml)[2]) {
   uint32_t lo[8], hi[8];
   if constexpr (W == ElemType::kQ2_K) {
     const BlockQ2_K* blk = reinterpret_cast<const BlockQ2_K*>(wrow) + b;

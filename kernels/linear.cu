@@ -185,7 +185,8 @@ __device__ __forceinline__ void DotChunk(const X& xs, const uint8_t* (&wrow)[kRw
 #pragma unroll
         for (int i = 0; i < kRw; ++i)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) wf[i][e] = KWeight<W>(dl[i][j / 4], ml[i][j / 4], wd[i][j], e);
+          for (int e = 0; e < 4; ++e)
+            wf[i][e] = KWeight<W>(dl[i][j / 4], ml[i][j / 4], wd[i][j], e);
 #pragma unroll
         for (int t = 0; t < kTok; ++t) {
           if (t < nt) {
@@ -299,14 +300,13 @@ __device__ __forceinline__ void DotChunk(const X& xs, const uint8_t* (&wrow)[kRw
 }
 
 // Blocks per SM that ptxas must fit (caps registers, without spills on sm_90): decode as many as
-// the old one-row kernel got (12 caps it at 42 registers; it needs 32-40); float types 4 at 8
-// tokens (128 registers), 3 at 16 (168); Q4 3; Q8_0 and the K-quants 2 (251: 4 rows of 32
-// unpacked bytes, plus the K-quants' scales).
+// the old one-row kernel got (12 caps it at 42 registers; it needs 32-40), the K-quants 8 (64:
+// Q3_K's two bit planes spill at 40); float types 4 at 8 tokens (128 registers), 3 at 16 (168);
+// Q4 3; Q8_0 and the K-quants 2 (233-255: 4 rows of 32 unpacked bytes, plus the K-quants'
+// scales).
 __host__ __device__ constexpr int MinBlocksOf(ElemType t, int tok, bool staged) {
-  return !staged                              ? 12
-         : t == ElemType::kQ8_0 || IsKQuant(t) ? 2
-         : IsQuant(t) || tok > 8              ? 3
-                                              : 4;
+  if (!staged) return IsKQuant(t) ? 8 : 12;
+  return t == ElemType::kQ8_0 || IsKQuant(t) ? 2 : IsQuant(t) || tok > 8 ? 3 : 4;
 }
 
 // A warp computes rows [r0, r0 + kRw) for tiles of kTok tokens in turn. kStaged: the block

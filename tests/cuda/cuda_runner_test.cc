@@ -494,9 +494,9 @@ TEST(CudaRunner, KQuantTreePassEqualsIncrementalDecoding) {
       ASSERT_TRUE(gpu->Forward(db, kv, step).ok());
       const std::vector<float> want(tree.begin() + path[d] * vocab,
                                     tree.begin() + (path[d] + 1) * vocab);
-      EXPECT_ALL_CLOSE(step, want, 0.0, 0.0,
-                       "node " + std::to_string(path[d]) + " decoded after leaf path " +
-                           std::to_string(leaf));
+      EXPECT_ALL_CLOSE(
+          step, want, 0.0, 0.0,
+          "node " + std::to_string(path[d]) + " decoded after leaf path " + std::to_string(leaf));
       ++checked;
     }
     kv.RemoveSequence(s);

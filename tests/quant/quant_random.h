@@ -36,12 +36,17 @@ inline float GetHalf(const uint8_t* p) {
 // Byte offsets of the fp16 fields (d, dmin) of each K-quant block.
 inline std::vector<size_t> HalfFields(DType t) {
   switch (t) {
-    case DType::kQ2_K: return {80, 82};
-    case DType::kQ3_K: return {108};
+    case DType::kQ2_K:
+      return {80, 82};
+    case DType::kQ3_K:
+      return {108};
     case DType::kQ4_K:
-    case DType::kQ5_K: return {0, 2};
-    case DType::kQ6_K: return {208};
-    default: return {};
+    case DType::kQ5_K:
+      return {0, 2};
+    case DType::kQ6_K:
+      return {208};
+    default:
+      return {};
   }
 }
 
