@@ -1,9 +1,9 @@
 // CudaModelRunner end to end: logits against the CPU backend (stories260K, random models with
 // grouped-query attention, both RoPE pairings, 16-bit KV caches, quantised SmolLM2, a random
-// model with K-quant weights, whose tree passes equal incremental decoding bit for bit), greedy
-// generation on the GPU equal to the CPU's token for token, speculative generation on the GPU
-// equal to incremental generation on the GPU, KV compaction, batches run in pieces, and memory
-// shortfalls reported as errors.
+// model with K-quant weights, in memory and as a GGUF file, whose tree passes equal incremental
+// decoding bit for bit), greedy generation on the GPU equal to the CPU's token for token,
+// speculative generation on the GPU equal to incremental generation on the GPU, KV compaction,
+// batches run in pieces, and memory shortfalls reported as errors.
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_runner.h"
 
@@ -11,12 +11,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
 
 #include "backend/cpu/cpu_runner.h"
 #include "cuda_test_util.h"
 #include "engine/engine.h"
 #include "model/dequantize.h"
+#include "model/gguf_writer.h"
 #include "model/hf_loader.h"
 #include "model/loader.h"
 #include "model/random_model.h"
@@ -438,6 +441,79 @@ TEST(CudaRunner, KQuantModelMatchesDequantizedCpu) {
       EXPECT_ALL_CLOSE(got, want, 2e-2, 2e-2, "K-quant prompt logits, cuBLAS on fp16");
     }
   }
+}
+
+// KQuantModel() as a GGUF file (llama architecture, K-quant tensors as GGUF stores them, tied
+// output): the loader's K-quant tensors reach the GPU, whose logits match the CPU on the
+// dequantised file to float32 rounding.
+TEST(CudaRunner, KQuantGgufFileRunsLikeItsDequantizedCpuModel) {
+  auto source = KQuantModel();
+  ASSERT_TRUE(source);
+  const ModelConfig& c = source->config();
+  const ModelWeights& w = source->weights();
+  auto ggml_id = [](DType t) -> uint32_t {
+    return t == DType::kQ2_K   ? 10
+           : t == DType::kQ3_K ? 11
+           : t == DType::kQ4_K ? 12
+           : t == DType::kQ5_K ? 13
+                               : 14;
+  };
+  GgufWriter g;
+  g.KvString("general.architecture", "llama");
+  g.KvU32("llama.block_count", c.n_layers);
+  g.KvU32("llama.context_length", c.max_seq_len);
+  g.KvU32("llama.embedding_length", c.dim);
+  g.KvU32("llama.feed_forward_length", c.hidden_dim);
+  g.KvU32("llama.attention.head_count", c.n_heads);
+  g.KvU32("llama.attention.head_count_kv", c.n_kv_heads);
+  g.KvF32("llama.rope.freq_base", 10000.0f);
+  g.KvF32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  auto matrix = [&](const std::string& name, const WeightMatrix& m) {
+    g.TensorBytes(name, {m.cols, m.rows}, ggml_id(m.type), static_cast<const uint8_t*>(m.data),
+                  static_cast<size_t>(RowBytes(m.type, m.cols) * m.rows));
+  };
+  matrix("token_embd.weight", w.token_embedding);
+  g.Tensor("output_norm.weight", {c.dim}, w.final_norm.data);
+  for (int32_t l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& lw = w.layers[static_cast<size_t>(l)];
+    const std::string p = "blk." + std::to_string(l) + ".";
+    g.Tensor(p + "attn_norm.weight", {c.dim}, lw.attn_norm.data);
+    g.Tensor(p + "ffn_norm.weight", {c.dim}, lw.ffn_norm.data);
+    matrix(p + "attn_q.weight", lw.wq);
+    matrix(p + "attn_k.weight", lw.wk);
+    matrix(p + "attn_v.weight", lw.wv);
+    matrix(p + "attn_output.weight", lw.wo);
+    matrix(p + "ffn_gate.weight", lw.w_gate);
+    matrix(p + "ffn_down.weight", lw.w_down);
+    matrix(p + "ffn_up.weight", lw.w_up);
+  }
+  const auto dir = std::filesystem::temp_directory_path() / "specinfer_cuda_kquant_test";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "kquant.gguf").string();
+  {
+    const std::string bytes = g.Finish();
+    std::ofstream(path, std::ios::binary)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  auto loaded = LoadModel(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  std::shared_ptr<const Model> model(std::move(loaded).value());
+  EXPECT_EQ(model->weights().layers[0].wq.type, DType::kQ3_K);
+  EXPECT_EQ(model->weights().token_embedding.type, DType::kQ2_K);
+  auto dequantized = DequantizeToF32(*model);
+  ASSERT_TRUE(dequantized.ok()) << dequantized.status().ToString();
+  auto cpu = MakeCpu(std::shared_ptr<const Model>(std::move(dequantized).value()), 8);
+  CudaRunnerOptions o;
+  o.kv_type = cuda::KvCacheType::kF32;
+  auto gpu = MakeCuda(model, 8, o);
+  ASSERT_TRUE(cpu && gpu);
+  const std::vector<int32_t> tokens = SomeTokens(9, c.vocab_size, 41);
+  KvCacheManager kv_cpu(8, 16), kv_gpu(8, 16);
+  const std::vector<float> want = testing::PromptLogits(*cpu, kv_cpu, tokens, AllRows(9));
+  const std::vector<float> got = testing::PromptLogits(*gpu, kv_gpu, tokens, AllRows(9));
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_ALL_CLOSE(got, want, 1e-4, 1e-4, "K-quant GGUF prompt logits");
+  std::filesystem::remove_all(dir);
 }
 
 // Tree verification on K-quant weights: one pass over a token tree gives every node the logits,
