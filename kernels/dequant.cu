@@ -24,9 +24,7 @@ template <typename OutT>
 cudaError_t Launch(ElemType type, const void* src, int64_t src_rows, int64_t cols,
                    const int32_t* ids, int64_t rows, OutT* out, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0 || rows > 65535 * 1024) return cudaErrorInvalidValue;
-  if (type != ElemType::kF32 && type != ElemType::kF16 && type != ElemType::kBF16 &&
-      cols % kQuantBlock != 0)
-    return cudaErrorInvalidValue;
+  if (cols % ElemBlockElems(type) != 0) return cudaErrorInvalidValue;
   // gridDim.y is limited to 65535: launch in slices of rows.
   for (int64_t r0 = 0; r0 < rows; r0 += 65535) {
     const int64_t nr = rows - r0 < 65535 ? rows - r0 : 65535;

@@ -2,7 +2,8 @@
 // for cuBLAS, on the fly into a workspace) and selected rows (the embedding gather).
 //
 // Computes out[r, c] = element c of source row ids[r] (ids == nullptr: row r), as float or fp16,
-// for types F32, F16, BF16, Q8_0, Q4_0, Q4_1 (ggml block layouts, see device_types.cuh).
+// for types F32, F16, BF16, Q8_0, Q4_0, Q4_1 and the K-quants Q2_K..Q6_K (ggml block layouts,
+// see device_types.cuh); cols a multiple of the type's block (32, or 256 for the K-quants).
 // Layout: src [src_rows, ElemRowBytes(type, cols)] bytes, row-major; out [rows, cols].
 // Launch: grid (ceil(cols / 256), rows), 256 threads, one element per thread.
 // Tolerance against the CPU reference (cpu::GetTypeOps(t)->to_float): exact for float output

@@ -7,6 +7,9 @@
 //   Q8_0 (34 B): fp16 d; int8 qs[32]      x = d * q
 // For j < 16 the nibble of element j is qs[j] & 15 and that of element j + 16 is qs[j] >> 4.
 // Blocks are 2-byte aligned only, so they are read with 16-bit loads.
+// K-quants (Q2_K..Q6_K, 256-element super-blocks): element formulas of src/backend/cpu/quants_k.h,
+// computed here with the same float32 steps (products rounded separately, no fused
+// multiply-add), so each element equals the CPU's to_float bit for bit.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -55,6 +58,65 @@ __device__ __forceinline__ float DequantQ4_1(const BlockQ4_1* b, int i) {
   return __fadd_rn(__fmul_rn(HalfBitsToFloat(b->d), static_cast<float>(q)), HalfBitsToFloat(b->m));
 }
 
+// Element e (< 256) of a K-quant super-block, as float: (d * sc) * q [- dmin * m], each product
+// rounded to float32, as the CPU's to_float.
+__device__ __forceinline__ float DequantQ2_K(const BlockQ2_K* b, int e) {
+  const int q = (b->qs[32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3;
+  const int sc = b->scales[e / 16];
+  const float dl = __fmul_rn(HalfBitsToFloat(b->d), static_cast<float>(sc & 15));
+  const float ml = __fmul_rn(HalfBitsToFloat(b->dmin), static_cast<float>(sc >> 4));
+  return __fsub_rn(__fmul_rn(dl, static_cast<float>(q)), ml);
+}
+// The signed 6-bit scale j (< 16) of Q3_K's packed scales[12].
+__device__ __forceinline__ int ScaleQ3_K(const uint8_t* s, int j) {
+  const int lo = j < 8 ? (s[j] & 15) : (s[j - 8] >> 4);
+  const int hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+  return (lo | (hi << 4)) - 32;
+}
+__device__ __forceinline__ float DequantQ3_K(const BlockQ3_K* b, int e) {
+  const int lo = (b->qs[32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3;
+  const int q = lo - (((b->hmask[e % 32] >> (e / 32)) & 1) ? 0 : 4);
+  const float dl =
+      __fmul_rn(HalfBitsToFloat(b->d), static_cast<float>(ScaleQ3_K(b->scales, e / 16)));
+  return __fmul_rn(dl, static_cast<float>(q));
+}
+// The 6-bit scale and minimum of sub-block j (< 8) of Q4_K/Q5_K's packed scales[12].
+__device__ __forceinline__ void ScaleMinK4(int j, const uint8_t* q, int& sc, int& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
+    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+__device__ __forceinline__ float DequantK4(uint16_t d, uint16_t dmin, const uint8_t* scales, int e,
+                                           int q) {
+  int sc, m;
+  ScaleMinK4(e / 32, scales, sc, m);
+  const float dl = __fmul_rn(HalfBitsToFloat(d), static_cast<float>(sc));
+  const float ml = __fmul_rn(HalfBitsToFloat(dmin), static_cast<float>(m));
+  return __fsub_rn(__fmul_rn(dl, static_cast<float>(q)), ml);
+}
+__device__ __forceinline__ float DequantQ4_K(const BlockQ4_K* b, int e) {
+  const int byte = b->qs[32 * (e / 64) + e % 32];
+  return DequantK4(b->d, b->dmin, b->scales, e, e % 64 < 32 ? (byte & 15) : (byte >> 4));
+}
+__device__ __forceinline__ float DequantQ5_K(const BlockQ5_K* b, int e) {
+  const int byte = b->qs[32 * (e / 64) + e % 32];
+  const int q =
+      (e % 64 < 32 ? (byte & 15) : (byte >> 4)) | (((b->qh[e % 32] >> (e / 32)) & 1) << 4);
+  return DequantK4(b->d, b->dmin, b->scales, e, q);
+}
+__device__ __forceinline__ float DequantQ6_K(const BlockQ6_K* b, int e) {
+  const int h = e / 128, k = e % 128;
+  const int l = b->ql[64 * h + k % 64];
+  const int lo = k < 64 ? (l & 15) : (l >> 4);
+  const int hi = (b->qh[32 * h + k % 32] >> (2 * (k / 32))) & 3;
+  const float dl = __fmul_rn(HalfBitsToFloat(b->d), static_cast<float>(b->scales[e / 16]));
+  return __fmul_rn(dl, static_cast<float>((lo | (hi << 4)) - 32));
+}
+
 // Element `col` of a row of type t that starts at `row` (bytes).
 __device__ __forceinline__ float LoadElement(ElemType t, const uint8_t* row, int64_t col) {
   switch (t) {
@@ -73,6 +135,21 @@ __device__ __forceinline__ float LoadElement(ElemType t, const uint8_t* row, int
     case ElemType::kQ4_1:
       return DequantQ4_1(reinterpret_cast<const BlockQ4_1*>(row) + col / 32,
                          static_cast<int>(col % 32));
+    case ElemType::kQ2_K:
+      return DequantQ2_K(reinterpret_cast<const BlockQ2_K*>(row) + col / 256,
+                         static_cast<int>(col % 256));
+    case ElemType::kQ3_K:
+      return DequantQ3_K(reinterpret_cast<const BlockQ3_K*>(row) + col / 256,
+                         static_cast<int>(col % 256));
+    case ElemType::kQ4_K:
+      return DequantQ4_K(reinterpret_cast<const BlockQ4_K*>(row) + col / 256,
+                         static_cast<int>(col % 256));
+    case ElemType::kQ5_K:
+      return DequantQ5_K(reinterpret_cast<const BlockQ5_K*>(row) + col / 256,
+                         static_cast<int>(col % 256));
+    case ElemType::kQ6_K:
+      return DequantQ6_K(reinterpret_cast<const BlockQ6_K*>(row) + col / 256,
+                         static_cast<int>(col % 256));
   }
   return 0.0f;
 }

@@ -1,4 +1,5 @@
 #include "device_types.cuh"
+#include "kquant.cuh"
 #include "launch.cuh"
 #include "linear.cuh"
 
@@ -11,10 +12,10 @@ constexpr int kThreads = kWarps * 32;
 // under the 48 KiB a launch may ask for without opting in, and 4 blocks still fit an SM.
 constexpr int kStageFloats = 8192;
 
-__host__ __device__ constexpr bool IsQuant(ElemType t) {
-  return t == ElemType::kQ8_0 || t == ElemType::kQ4_0 || t == ElemType::kQ4_1;
-}
-// Columns a lane sums contiguously per step: 8 (16 bytes of fp16) or one 32-element block.
+// Block types (K-quants included): a lane's step is one 32-element block or K-quant group.
+__host__ __device__ constexpr bool IsQuant(ElemType t) { return ElemBlockElems(t) > 1; }
+// Columns a lane sums contiguously per step: 8 (16 bytes of fp16), one 32-element block or one
+// 32-element group of a K-quant super-block.
 __host__ __device__ constexpr int GroupOf(ElemType t) { return IsQuant(t) ? 32 : 8; }
 // Columns of x staged per chunk. A multiple of 32 groups (a whole warp step), so a chunk boundary
 // never moves a column to another lane or changes the order in which a lane visits its columns.
@@ -167,7 +168,43 @@ template <ElemType W, int kRw, int kTok, typename X>
 __device__ __forceinline__ void DotChunk(const X& xs, const uint8_t* (&wrow)[kRw], int64_t k0,
                                          int64_t k1, int nt, bool vec, int lane,
                                          float (&acc)[kRw][kTok]) {
-  if constexpr (IsQuant(W)) {
+  if constexpr (IsKQuant(W)) {
+    // One 32-element group of a super-block per lane per step. Its weights are computed exactly
+    // as the CPU dequantises them (kquant.cuh) and multiply-added in column order, as the float
+    // types do: the K-quants' two-level scales do not factor out of a group as Q4_1's do.
+    for (int64_t gi = k0 / 32 + lane; gi * 32 < k1; gi += 32) {
+      const int64_t c = gi * 32;
+      uint32_t wd[kRw][8];
+      float dl[kRw][2], ml[kRw][2];
+#pragma unroll
+      for (int i = 0; i < kRw; ++i)
+        LoadKGroup<W>(wrow[i], gi / 8, static_cast<int>(gi % 8), wd[i], dl[i], ml[i]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        float wf[kRw][4];
+#pragma unroll
+        for (int i = 0; i < kRw; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            wf[i][e] = KWeight<W>(dl[i][j / 4], ml[i][j / 4], wd[i][j], e);
+#pragma unroll
+        for (int t = 0; t < kTok; ++t) {
+          if (t < nt) {
+            const float4 a = xs.Get4(t, c + 4 * j);
+#pragma unroll
+            for (int i = 0; i < kRw; ++i) {
+              float s = acc[i][t];
+              s = __fmaf_rn(wf[i][0], a.x, s);
+              s = __fmaf_rn(wf[i][1], a.y, s);
+              s = __fmaf_rn(wf[i][2], a.z, s);
+              s = __fmaf_rn(wf[i][3], a.w, s);
+              acc[i][t] = s;
+            }
+          }
+        }
+      }
+    }
+  } else if constexpr (IsQuant(W)) {
     // One 32-element block per lane per step: sum_j q_j x_j, scaled once per block. The loop
     // runs over the block's 8 float4s of x, each read once and used for all kRw rows.
     for (int64_t b = k0 / 32 + lane; b * 32 < k1; b += 32) {
@@ -263,10 +300,13 @@ __device__ __forceinline__ void DotChunk(const X& xs, const uint8_t* (&wrow)[kRw
 }
 
 // Blocks per SM that ptxas must fit (caps registers, without spills on sm_90): decode as many as
-// the old one-row kernel got (12 caps it at 42 registers; it needs 32-40); float types 4 at 8
-// tokens (128 registers), 3 at 16 (168); Q4 3; Q8_0 2 (251: 4 rows of 32 unpacked bytes).
+// the old one-row kernel got (12 caps it at 42 registers; it needs 32-40), the K-quants 8 (64:
+// Q3_K's two bit planes spill at 40); float types 4 at 8 tokens (128 registers), 3 at 16 (168);
+// Q4 3; Q8_0 and the K-quants 2 (233-255: 4 rows of 32 unpacked bytes, plus the K-quants'
+// scales).
 __host__ __device__ constexpr int MinBlocksOf(ElemType t, int tok, bool staged) {
-  return !staged ? 12 : t == ElemType::kQ8_0 ? 2 : IsQuant(t) || tok > 8 ? 3 : 4;
+  if (!staged) return IsKQuant(t) ? 8 : 12;
+  return t == ElemType::kQ8_0 || IsKQuant(t) ? 2 : IsQuant(t) || tok > 8 ? 3 : 4;
 }
 
 // A warp computes rows [r0, r0 + kRw) for tiles of kTok tokens in turn. kStaged: the block
@@ -377,15 +417,29 @@ cudaError_t LaunchLinear(ElemType type, const void* w, int64_t rows, int64_t col
       return LaunchTyped<ElemType::kF16>(w, rows, cols, x, n, y, beta, stream);
     case ElemType::kBF16:
       return LaunchTyped<ElemType::kBF16>(w, rows, cols, x, n, y, beta, stream);
+    default:
+      break;
+  }
+  if (cols % ElemBlockElems(type) != 0) return cudaErrorInvalidValue;
+  switch (type) {
     case ElemType::kQ8_0:
+      return LaunchTyped<ElemType::kQ8_0>(w, rows, cols, x, n, y, beta, stream);
     case ElemType::kQ4_0:
+      return LaunchTyped<ElemType::kQ4_0>(w, rows, cols, x, n, y, beta, stream);
     case ElemType::kQ4_1:
-      if (cols % kQuantBlock != 0) return cudaErrorInvalidValue;
-      if (type == ElemType::kQ8_0)
-        return LaunchTyped<ElemType::kQ8_0>(w, rows, cols, x, n, y, beta, stream);
-      if (type == ElemType::kQ4_0)
-        return LaunchTyped<ElemType::kQ4_0>(w, rows, cols, x, n, y, beta, stream);
       return LaunchTyped<ElemType::kQ4_1>(w, rows, cols, x, n, y, beta, stream);
+    case ElemType::kQ2_K:
+      return LaunchTyped<ElemType::kQ2_K>(w, rows, cols, x, n, y, beta, stream);
+    case ElemType::kQ3_K:
+      return LaunchTyped<ElemType::kQ3_K>(w, rows, cols, x, n, y, beta, stream);
+    case ElemType::kQ4_K:
+      return LaunchTyped<ElemType::kQ4_K>(w, rows, cols, x, n, y, beta, stream);
+    case ElemType::kQ5_K:
+      return LaunchTyped<ElemType::kQ5_K>(w, rows, cols, x, n, y, beta, stream);
+    case ElemType::kQ6_K:
+      return LaunchTyped<ElemType::kQ6_K>(w, rows, cols, x, n, y, beta, stream);
+    default:
+      break;
   }
   return cudaErrorInvalidValue;
 }

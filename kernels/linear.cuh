@@ -1,8 +1,9 @@
 // Batch-invariant matrix product on the GPU: y = beta * y + x W^T, reading W in its stored type.
 //
 // Computes y[t, r] = beta * y[t, r] + sum_c W[r, c] * x[t, c] for t < n, r < rows, with W of type
-// F32, F16, BF16, Q8_0, Q4_0 or Q4_1 read directly (quantised blocks are never expanded in
-// memory) and x, y float32. beta == 0 does not read y.
+// F32, F16, BF16, Q8_0, Q4_0, Q4_1 or a K-quant (Q2_K..Q6_K) read directly (quantised blocks are
+// never expanded in memory) and x, y float32. beta == 0 does not read y. cols must be a multiple
+// of the type's block (32; 256 for the K-quants).
 // Layout: W [rows, ElemRowBytes(type, cols)] bytes, row-major (256-byte aligned); x [n, cols];
 // y [n, rows].
 // Launch: 128 threads (4 warps) per block; a warp computes kRw consecutive output rows for
@@ -15,13 +16,16 @@
 // 16-byte weight load serves up to kTok tokens; the block's weight rows are read from memory
 // once per token tile (from L2 after the first tile).
 // Order of additions: lane l sums a fixed, strided subset of the columns (8-column groups l,
-// l + 32, ...; for the block types, blocks l, l + 32, ...; single columns l, l + 32, ... when
-// cols is not a multiple of 8) in increasing column order with explicit fused multiply-adds,
+// l + 32, ...; for the block types, blocks l, l + 32, ...; for the K-quants, 32-element groups
+// of super-blocks l, l + 32, ...; single columns l, l + 32, ... when cols is not a multiple of 8)
+// in increasing column order with explicit fused multiply-adds,
 // then a fixed butterfly of warp shuffles adds the 32 partial sums. Chunks are whole warp steps
 // and every token has its own accumulators, so the order of every addition for y[t, r] depends
 // only on `cols` and the type, never on n, kRw, kTok or the token's place in the batch: a
 // token's outputs are bit-identical whatever batch it is in (what token-tree verification
 // needs; cuBLAS promises no such thing). No tensor cores: their internal order is not ours.
+// Q4_0/Q4_1/Q8_0 sum q * x per block and scale the sum; the K-quants' weights are first computed
+// exactly as the CPU's to_float gives them (kquant.cuh), then multiply-added column by column.
 // Tolerance against an fp64 reference on the same (dequantised) weights: 1e-5 * sum_c |W x|
 // (float32 accumulation). Against the CPU backend, quantised types differ more, because the CPU
 // quantises the activations to 8 bits first.

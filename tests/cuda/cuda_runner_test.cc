@@ -1,8 +1,9 @@
 // CudaModelRunner end to end: logits against the CPU backend (stories260K, random models with
-// grouped-query attention, both RoPE pairings, 16-bit KV caches, quantised SmolLM2), greedy
-// generation on the GPU equal to the CPU's token for token, speculative generation on the GPU
-// equal to incremental generation on the GPU, KV compaction, batches run in pieces, and memory
-// shortfalls reported as errors.
+// grouped-query attention, both RoPE pairings, 16-bit KV caches, quantised SmolLM2, a random
+// model with K-quant weights, in memory and as a GGUF file, whose tree passes equal incremental
+// decoding bit for bit), greedy generation on the GPU equal to the CPU's token for token,
+// speculative generation on the GPU equal to incremental generation on the GPU, KV compaction,
+// batches run in pieces, and memory shortfalls reported as errors.
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_runner.h"
 
@@ -10,15 +11,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
 
 #include "backend/cpu/cpu_runner.h"
 #include "cuda_test_util.h"
 #include "engine/engine.h"
 #include "model/dequantize.h"
+#include "model/gguf_writer.h"
 #include "model/hf_loader.h"
 #include "model/loader.h"
 #include "model/random_model.h"
+#include "quant/quant_random.h"
 #include "spec/token_tree.h"
 #include "test_util.h"
 
@@ -351,6 +356,230 @@ TEST(CudaRunner, QuantizedSmolLM2AgreesWithCpu) {
   EXPECT_EQ(argmax(got), argmax(quantized));
 }
 
+// A random Llama model (GQA 2, half RoPE) whose every matrix is a K-quant, the five types in
+// turn (the token embedding and the tied output included): random K-quant rows as the CPU's
+// K-quant tests make them, with d and dmin divided by 8 so that the logits are of order 1 (rms
+// ~0.7) and the activations moderate. Built once; the storage lives as long as the process.
+std::shared_ptr<const Model> KQuantModel() {
+  static std::shared_ptr<const Model> model = []() -> std::shared_ptr<const Model> {
+    ModelConfig c;
+    c.dim = 256;
+    c.hidden_dim = 512;
+    c.n_layers = 2;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.head_dim = 64;
+    c.vocab_size = 96;
+    c.max_seq_len = 128;
+    c.rope_style = RopeStyle::kHalf;
+    auto base = MakeRandomModel(c, 23);
+    EXPECT_TRUE(base.ok()) << base.status().ToString();
+    if (!base.ok()) return nullptr;
+    static std::unique_ptr<Model> owner = std::move(base).value();  // keeps the norm gains
+    static std::vector<std::vector<uint8_t>> storage;
+    storage.reserve(64);
+    const DType types[] = {DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+    std::mt19937 rng(29);
+    int k = 0;
+    auto requant = [&](WeightMatrix& m) {
+      const DType t = types[k++ % 5];
+      storage.emplace_back();
+      for (int64_t r = 0; r < m.rows; ++r) {
+        std::vector<uint8_t> row = testing::RandomKRow(t, m.cols, rng);
+        const size_t bb = GetDTypeTraits(t).block_bytes;
+        for (size_t off = 0; off < row.size(); off += bb)
+          for (size_t f : testing::HalfFields(t))
+            testing::PutHalf(row.data() + off + f, testing::GetHalf(row.data() + off + f) / 8);
+        storage.back().insert(storage.back().end(), row.begin(), row.end());
+      }
+      m = WeightMatrix{t, m.rows, m.cols, storage.back().data()};
+    };
+    ModelWeights w = owner->weights();
+    requant(w.token_embedding);
+    for (LayerWeights& l : w.layers)
+      for (WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+        requant(*m);
+    w.output = w.token_embedding;
+    return std::make_shared<Model>(c, w, "k-quant random");
+  }();
+  return model;
+}
+
+// K-quant weights on the GPU against the CPU running the same weights dequantised to float32
+// (the CPU's own K-quant path rounds activations to Q8_K, so it is not the exact counterpart):
+// batch-invariant prompt passes (the linear kernel reading the blocks) agree to float32
+// rounding (largest difference seen on the emulator 1.8e-6); batch-dependent ones (the K-quant
+// matrices dequantised to fp16 for cuBLAS, fp16 activations) to fp16 rounding (2.8e-3 seen).
+TEST(CudaRunner, KQuantModelMatchesDequantizedCpu) {
+  auto model = KQuantModel();
+  ASSERT_TRUE(model);
+  auto dequantized = DequantizeToF32(*model);
+  ASSERT_TRUE(dequantized.ok()) << dequantized.status().ToString();
+  auto cpu = MakeCpu(std::shared_ptr<const Model>(std::move(dequantized).value()), 16);
+  CudaRunnerOptions o;
+  o.kv_type = cuda::KvCacheType::kF32;
+  auto gpu = MakeCuda(model, 16, o);
+  ASSERT_TRUE(cpu && gpu);
+  const int32_t n = 24;
+  const std::vector<int32_t> tokens = SomeTokens(n, model->config().vocab_size, 31);
+  KvCacheManager kv_cpu(16, 16), kv_gpu(16, 16);
+  const std::vector<float> want = testing::PromptLogits(*cpu, kv_cpu, tokens, AllRows(n));
+  for (const float v : want) ASSERT_TRUE(std::isfinite(v));
+  for (bool invariant : {true, false}) {
+    const SeqId s = kv_gpu.AddSequence();
+    ASSERT_TRUE(kv_gpu.Reserve(s, n).ok());
+    ForwardBatch b;
+    b.AddSequence(s, tokens, AllRows(n), 0, nullptr);
+    b.logit_rows = AllRows(n);
+    b.batch_invariant = invariant;
+    std::vector<float> got(want.size());
+    ASSERT_TRUE(gpu->Forward(b, kv_gpu, got).ok());
+    kv_gpu.RemoveSequence(s);
+    if (invariant) {
+      EXPECT_ALL_CLOSE(got, want, 1e-4, 1e-4, "K-quant prompt logits, linear kernel");
+    } else {
+      EXPECT_ALL_CLOSE(got, want, 2e-2, 2e-2, "K-quant prompt logits, cuBLAS on fp16");
+    }
+  }
+}
+
+// KQuantModel() as a GGUF file (llama architecture, K-quant tensors as GGUF stores them, tied
+// output): the loader's K-quant tensors reach the GPU, whose logits match the CPU on the
+// dequantised file to float32 rounding.
+TEST(CudaRunner, KQuantGgufFileRunsLikeItsDequantizedCpuModel) {
+  auto source = KQuantModel();
+  ASSERT_TRUE(source);
+  const ModelConfig& c = source->config();
+  const ModelWeights& w = source->weights();
+  auto ggml_id = [](DType t) -> uint32_t {
+    return t == DType::kQ2_K   ? 10
+           : t == DType::kQ3_K ? 11
+           : t == DType::kQ4_K ? 12
+           : t == DType::kQ5_K ? 13
+                               : 14;
+  };
+  GgufWriter g;
+  g.KvString("general.architecture", "llama");
+  g.KvU32("llama.block_count", c.n_layers);
+  g.KvU32("llama.context_length", c.max_seq_len);
+  g.KvU32("llama.embedding_length", c.dim);
+  g.KvU32("llama.feed_forward_length", c.hidden_dim);
+  g.KvU32("llama.attention.head_count", c.n_heads);
+  g.KvU32("llama.attention.head_count_kv", c.n_kv_heads);
+  g.KvF32("llama.rope.freq_base", 10000.0f);
+  g.KvF32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  auto matrix = [&](const std::string& name, const WeightMatrix& m) {
+    g.TensorBytes(name, {m.cols, m.rows}, ggml_id(m.type), static_cast<const uint8_t*>(m.data),
+                  static_cast<size_t>(RowBytes(m.type, m.cols) * m.rows));
+  };
+  matrix("token_embd.weight", w.token_embedding);
+  g.Tensor("output_norm.weight", {c.dim}, w.final_norm.data);
+  for (int32_t l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& lw = w.layers[static_cast<size_t>(l)];
+    const std::string p = "blk." + std::to_string(l) + ".";
+    g.Tensor(p + "attn_norm.weight", {c.dim}, lw.attn_norm.data);
+    g.Tensor(p + "ffn_norm.weight", {c.dim}, lw.ffn_norm.data);
+    matrix(p + "attn_q.weight", lw.wq);
+    matrix(p + "attn_k.weight", lw.wk);
+    matrix(p + "attn_v.weight", lw.wv);
+    matrix(p + "attn_output.weight", lw.wo);
+    matrix(p + "ffn_gate.weight", lw.w_gate);
+    matrix(p + "ffn_down.weight", lw.w_down);
+    matrix(p + "ffn_up.weight", lw.w_up);
+  }
+  const auto dir = std::filesystem::temp_directory_path() / "specinfer_cuda_kquant_test";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "kquant.gguf").string();
+  {
+    const std::string bytes = g.Finish();
+    std::ofstream(path, std::ios::binary)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  auto loaded = LoadModel(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  std::shared_ptr<const Model> model(std::move(loaded).value());
+  EXPECT_EQ(model->weights().layers[0].wq.type, DType::kQ3_K);
+  EXPECT_EQ(model->weights().token_embedding.type, DType::kQ2_K);
+  auto dequantized = DequantizeToF32(*model);
+  ASSERT_TRUE(dequantized.ok()) << dequantized.status().ToString();
+  auto cpu = MakeCpu(std::shared_ptr<const Model>(std::move(dequantized).value()), 8);
+  CudaRunnerOptions o;
+  o.kv_type = cuda::KvCacheType::kF32;
+  auto gpu = MakeCuda(model, 8, o);
+  ASSERT_TRUE(cpu && gpu);
+  const std::vector<int32_t> tokens = SomeTokens(9, c.vocab_size, 41);
+  KvCacheManager kv_cpu(8, 16), kv_gpu(8, 16);
+  const std::vector<float> want = testing::PromptLogits(*cpu, kv_cpu, tokens, AllRows(9));
+  const std::vector<float> got = testing::PromptLogits(*gpu, kv_gpu, tokens, AllRows(9));
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_ALL_CLOSE(got, want, 1e-4, 1e-4, "K-quant GGUF prompt logits");
+  std::filesystem::remove_all(dir);
+}
+
+// Tree verification on K-quant weights: one pass over a token tree gives every node the logits,
+// bit for bit, of decoding its path token by token after the same prompt (what greedy
+// speculative output equal to incremental output rests on).
+TEST(CudaRunner, KQuantTreePassEqualsIncrementalDecoding) {
+  auto model = KQuantModel();
+  ASSERT_TRUE(model);
+  auto gpu = MakeCuda(model, 16);  // default KV cache (fp16 for quantised weights)
+  ASSERT_TRUE(gpu);
+  const int32_t vocab = model->config().vocab_size;
+  const int32_t np = 13;
+  const std::vector<int32_t> prompt = SomeTokens(np, vocab, 37);
+  // 0 -> {1, 2}, 1 -> {3, 4}, 2 -> {5}, 5 -> {6}: leaves 3, 4, 6.
+  const std::vector<int32_t> parents = {-1, 0, 0, 1, 1, 2, 5};
+  const std::vector<int32_t> toks = {7, 50, 3, 91, 12, 12, 60};
+  const std::vector<int32_t> depth = {0, 1, 1, 2, 2, 2, 3};
+  const int32_t nt = static_cast<int32_t>(parents.size());
+  KvCacheManager kv(16, 16);
+  auto prefill = [&](SeqId s) {
+    ForwardBatch pb;
+    pb.AddSequence(s, prompt, AllRows(np), 0, nullptr);
+    pb.logit_rows = {np - 1};
+    std::vector<float> l(static_cast<size_t>(vocab));
+    return gpu->Forward(pb, kv, l);
+  };
+  const SeqId t = kv.AddSequence();
+  ASSERT_TRUE(kv.Reserve(t, np + nt).ok());
+  ASSERT_TRUE(prefill(t).ok());
+  const TreeMask mask = TreeMask::FromParents(parents);
+  std::vector<int32_t> tpos(static_cast<size_t>(nt));
+  for (int32_t i = 0; i < nt; ++i) tpos[i] = np + depth[i];
+  ForwardBatch tb;
+  tb.AddSequence(t, toks, tpos, np, &mask);
+  tb.logit_rows = AllRows(nt);
+  std::vector<float> tree(static_cast<size_t>(nt) * vocab);
+  ASSERT_TRUE(gpu->Forward(tb, kv, tree).ok());
+  for (float v : tree) ASSERT_TRUE(std::isfinite(v));
+
+  int32_t checked = 0;
+  for (int32_t leaf : {3, 4, 6}) {
+    std::vector<int32_t> path;
+    for (int32_t v = leaf; v >= 0; v = parents[v]) path.insert(path.begin(), v);
+    const SeqId s = kv.AddSequence();
+    ASSERT_TRUE(kv.Reserve(s, np + static_cast<int32_t>(path.size())).ok());
+    ASSERT_TRUE(prefill(s).ok());
+    for (size_t d = 0; d < path.size(); ++d) {
+      const int32_t pos = np + static_cast<int32_t>(d);
+      ForwardBatch db;
+      db.AddSequence(s, std::vector<int32_t>{toks[path[d]]}, std::vector<int32_t>{pos}, pos,
+                     nullptr);
+      db.logit_rows = {0};
+      std::vector<float> step(static_cast<size_t>(vocab));
+      ASSERT_TRUE(gpu->Forward(db, kv, step).ok());
+      const std::vector<float> want(tree.begin() + path[d] * vocab,
+                                    tree.begin() + (path[d] + 1) * vocab);
+      EXPECT_ALL_CLOSE(
+          step, want, 0.0, 0.0,
+          "node " + std::to_string(path[d]) + " decoded after leaf path " + std::to_string(leaf));
+      ++checked;
+    }
+    kv.RemoveSequence(s);
+  }
+  EXPECT_EQ(checked, 10);  // every node, the shared ones once per path
+}
+
 // Planned memory that the GPU cannot hold is ResourceExhausted naming the sizes, not a crash;
 // the device stays usable.
 TEST(CudaRunner, OutOfMemoryIsAnError) {
@@ -403,8 +632,8 @@ namespace specinfer {
 namespace {
 
 // What the CUDA backend does not implement is refused by name when the runner is created, never
-// computed wrongly: the Gemma/Qwen3/Mistral switches of the layer program, and K-quant weights.
-TEST(CudaRunner, UnsupportedArchitecturesAndKQuantsAreRefused) {
+// computed wrongly: the Gemma/Qwen3/Mistral switches of the layer program, and Q5_0 weights.
+TEST(CudaRunner, UnsupportedArchitecturesAndTypesAreRefused) {
   for (const char* name : {"gemma3", "gemma2", "qwen3", "mistral"}) {
     auto m = ModelFromHfDirectory(testing::SourcePath(std::string("tests/data/arch/") + name));
     ASSERT_TRUE(m.ok()) << m.status().ToString();
@@ -419,19 +648,20 @@ TEST(CudaRunner, UnsupportedArchitecturesAndKQuantsAreRefused) {
               std::string::npos)
         << r.status().ToString();
   }
-  // A plain Llama whose wq is Q4_K.
+  // A plain Llama whose wq is Q5_0 (gemma-3-270m Q4_K_M holds some).
   auto m = ModelFromHfDirectory(testing::SourcePath("tests/data/arch/llama3"));
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   ModelWeights w = (*m)->weights();
-  std::vector<uint8_t> q4k(RowBytes(DType::kQ4_K, 256) * w.layers[0].wq.rows);
+  std::vector<uint8_t> q50(RowBytes(DType::kQ5_0, 256) * w.layers[0].wq.rows);
   const ModelConfig c = (*m)->config();
   // (refused on its type, before any shape is looked at)
-  w.layers[0].wq = WeightMatrix{DType::kQ4_K, w.layers[0].wq.rows, 256, q4k.data()};
+  w.layers[0].wq = WeightMatrix{DType::kQ5_0, w.layers[0].wq.rows, 256, q50.data()};
   CudaRunnerOptions o;
   o.num_kv_blocks = 4;
-  auto r = CudaModelRunner::Create(std::make_shared<Model>(c, w, "q4_k"), o);
+  auto r = CudaModelRunner::Create(std::make_shared<Model>(c, w, "q5_0"), o);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented) << r.status().ToString();
+  EXPECT_NE(r.status().ToString().find("Q5_0"), std::string::npos) << r.status().ToString();
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // The Llama-layer kernels (everything but attention) against the CPU reference, element by
 // element, over awkward shapes: dequantisation and the embedding gather, the batch-invariant
-// matrix product on every weight type, RoPE in both pairings, SwiGLU, RMSNorm of gathered rows,
-// KV append and move in the paged layout, argmax and the sampling distribution.
+// matrix product on every weight type (K-quants included), RoPE in both pairings, SwiGLU,
+// RMSNorm of gathered rows, KV append and move in the paged layout, argmax and the sampling
+// distribution.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -35,7 +36,17 @@ struct TypePair {
 };
 const TypePair kTypes[] = {{DType::kF32, ElemType::kF32},   {DType::kF16, ElemType::kF16},
                            {DType::kBF16, ElemType::kBF16}, {DType::kQ8_0, ElemType::kQ8_0},
-                           {DType::kQ4_0, ElemType::kQ4_0}, {DType::kQ4_1, ElemType::kQ4_1}};
+                           {DType::kQ4_0, ElemType::kQ4_0}, {DType::kQ4_1, ElemType::kQ4_1},
+                           {DType::kQ2_K, ElemType::kQ2_K}, {DType::kQ3_K, ElemType::kQ3_K},
+                           {DType::kQ4_K, ElemType::kQ4_K}, {DType::kQ5_K, ElemType::kQ5_K},
+                           {DType::kQ6_K, ElemType::kQ6_K}};
+
+// Row lengths for a sweep: `plain` for the float and 32-element block types, `kquant` (multiples
+// of 256) for the K-quants.
+std::vector<int64_t> ColsFor(const TypePair& tp, std::vector<int64_t> plain,
+                             std::vector<int64_t> kquant) {
+  return kernels::IsKQuant(tp.etype) ? kquant : plain;
+}
 
 // rows x cols random matrix of type t (bytes) and its float32 values from the CPU's to_float.
 void RandomMatrix(DType t, int64_t rows, int64_t cols, std::mt19937& rng,
@@ -72,7 +83,7 @@ double Fp64Output(const std::vector<float>& w, const std::vector<float>& x, int6
 TEST(CudaDequant, MatchesCpuToFloatOnEveryType) {
   std::mt19937 rng(11);
   for (const TypePair& tp : kTypes) {
-    for (int64_t cols : {32, 96, 4096}) {
+    for (int64_t cols : ColsFor(tp, {32, 96, 4096}, {256, 768, 4096})) {
       for (int64_t rows : {1, 5, 33}) {
         std::vector<uint8_t> bytes;
         std::vector<float> want;
@@ -99,7 +110,7 @@ TEST(CudaDequant, MatchesCpuToFloatOnEveryType) {
 TEST(CudaDequant, EmbeddingGatherPicksTheRows) {
   std::mt19937 rng(12);
   for (const TypePair& tp : kTypes) {
-    const int64_t vocab = 77, dim = 64;
+    const int64_t vocab = 77, dim = kernels::IsKQuant(tp.etype) ? 256 : 64;
     std::vector<uint8_t> bytes;
     std::vector<float> table;
     RandomMatrix(tp.dtype, vocab, dim, rng, &bytes, &table);
@@ -121,7 +132,7 @@ TEST(CudaDequant, EmbeddingGatherPicksTheRows) {
 TEST(CudaLinear, MatchesFp64ReferenceOnEveryType) {
   std::mt19937 rng(13);
   for (const TypePair& tp : kTypes) {
-    for (int64_t cols : {32, 64, 288, 4096}) {
+    for (int64_t cols : ColsFor(tp, {32, 64, 288, 4096}, {256, 512, 4096})) {
       for (int64_t rows : {1, 7, 130}) {
         for (int32_t n : {1, 2, 3, 5, 8, 13}) {
           if (cols == 4096 && rows == 130 && n > 5) continue;  // keep the sweep quick
@@ -166,7 +177,7 @@ TEST(CudaLinear, MatchesFp64ReferenceOnEveryType) {
 TEST(CudaLinear, IsBatchInvariant) {
   std::mt19937 rng(14);
   for (const TypePair& tp : kTypes) {
-    const int64_t rows = 67, cols = 320;
+    const int64_t rows = 67, cols = kernels::IsKQuant(tp.etype) ? 768 : 320;
     std::vector<uint8_t> bytes;
     std::vector<float> wv;
     RandomMatrix(tp.dtype, rows, cols, rng, &bytes, &wv);
@@ -203,9 +214,9 @@ TEST(CudaLinear, IsBatchInvariant) {
 TEST(CudaLinear, TilesAndChunksKeepTheOrder) {
   std::mt19937 rng(16);
   for (const TypePair& tp : kTypes) {
-    const bool block_type =
-        tp.etype == ElemType::kQ8_0 || tp.etype == ElemType::kQ4_0 || tp.etype == ElemType::kQ4_1;
-    std::vector<int64_t> col_set = {1312};
+    const bool block_type = kernels::ElemBlockElems(tp.etype) > 1;
+    // K-quants: 5 super-blocks, so the 1024-column chunks end with a partial one.
+    std::vector<int64_t> col_set = {kernels::IsKQuant(tp.etype) ? 1280 : 1312};
     if (!block_type) col_set.insert(col_set.end(), {1100, 1101});
     for (int64_t cols : col_set) {
       const int64_t rows = 37;
@@ -244,6 +255,41 @@ TEST(CudaLinear, TilesAndChunksKeepTheOrder) {
               what + " tokens " + std::to_string(t) + ".." + std::to_string(t + count));
         }
       }
+    }
+  }
+}
+
+// The products read exactly the weights the CPU's to_float gives: with x the identity (token t
+// selects column t), y[t, r] = W[r, t] bit for bit, since every other product is a zero added
+// to the sum. Covers every element of the K-quant layouts (all groups of a super-block, both
+// halves of each group), on the tiled shape and on the decode shape (one token).
+TEST(CudaLinear, KQuantsReadTheCpuWeightsExactly) {
+  std::mt19937 rng(17);
+  for (const TypePair& tp : kTypes) {
+    if (!kernels::IsKQuant(tp.etype)) continue;
+    const int64_t rows = 9, cols = 512;
+    const int32_t n = static_cast<int32_t>(cols);
+    std::vector<uint8_t> bytes;
+    std::vector<float> wv;
+    RandomMatrix(tp.dtype, rows, cols, rng, &bytes, &wv);
+    std::vector<float> x(static_cast<size_t>(n * cols), 0.0f);
+    for (int32_t t = 0; t < n; ++t) x[t * cols + t] = 1.0f;
+    std::vector<float> want(static_cast<size_t>(n * rows));
+    for (int32_t t = 0; t < n; ++t)
+      for (int64_t r = 0; r < rows; ++r) want[t * rows + r] = wv[r * cols + t];
+    DeviceArray<uint8_t> dw(bytes);
+    DeviceArray<float> dx(x), dy(want.size());
+    CUDA_OK(kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, dx.get(), n, dy.get(), 0.0f,
+                                  nullptr));
+    EXPECT_ALL_CLOSE(dy.Download(), want, 0.0, 0.0, std::string(DTypeName(tp.dtype)) + " tiled");
+    for (int32_t t : {0, 17, 255, 256, 300, 511}) {
+      DeviceArray<float> sx(std::vector<float>(x.begin() + t * cols, x.begin() + (t + 1) * cols));
+      DeviceArray<float> sy(static_cast<size_t>(rows));
+      CUDA_OK(kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, sx.get(), 1, sy.get(), 0.0f,
+                                    nullptr));
+      EXPECT_ALL_CLOSE(sy.Download(),
+                       std::vector<float>(want.begin() + t * rows, want.begin() + (t + 1) * rows),
+                       0.0, 0.0, std::string(DTypeName(tp.dtype)) + " column " + std::to_string(t));
     }
   }
 }

@@ -1,5 +1,6 @@
-// Test helper: a little-endian writer of GGUF v3 files, enough of the format for float32 llama
-// models. Shared by the GGUF and Hugging Face loader tests.
+// Test helper: a little-endian writer of GGUF v3 files, enough of the format for llama models
+// with float32 tensors (or any ggml type given as raw bytes). Shared by the GGUF and Hugging Face
+// loader tests and the CUDA backend's K-quant test.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +10,7 @@
 namespace specinfer {
 namespace testing_gguf {
 
-// Little-endian writer of GGUF v3 files (enough of the format for F32 llama models).
+// Little-endian writer of GGUF v3 files (enough of the format for llama models).
 class GgufWriter {
  public:
   void KvString(const std::string& k, const std::string& v) {
@@ -34,7 +35,14 @@ class GgufWriter {
   void Tensor(const std::string& name, std::vector<int64_t> dims, const float* data) {
     int64_t n = 1;
     for (int64_t d : dims) n *= d;
-    tensors_.push_back({name, dims, std::vector<float>(data, data + n)});
+    const uint8_t* p = reinterpret_cast<const uint8_t*>(data);
+    tensors_.push_back({name, dims, 0, std::vector<uint8_t>(p, p + n * 4)});
+  }
+  // A tensor of ggml type `ggml_type` (e.g. 12 for Q4_K) whose bytes, in ggml's layout, the
+  // caller provides.
+  void TensorBytes(const std::string& name, std::vector<int64_t> dims, uint32_t ggml_type,
+                   const uint8_t* data, size_t bytes) {
+    tensors_.push_back({name, dims, ggml_type, std::vector<uint8_t>(data, data + bytes)});
   }
   std::string Finish() const {
     std::string out = "GGUF";
@@ -50,15 +58,15 @@ class GgufWriter {
       out += t.name;
       u32(static_cast<uint32_t>(t.dims.size()));
       for (int64_t d : t.dims) u64(static_cast<uint64_t>(d));
-      u32(0);  // GGML_TYPE_F32
+      u32(t.type);
       u64(offset);
-      offset += (t.data.size() * 4 + 31) / 32 * 32;
+      offset += (t.data.size() + 31) / 32 * 32;
     }
     out.resize((out.size() + 31) / 32 * 32, '\0');
     for (const auto& t : tensors_) {
       size_t start = out.size();
-      out.append(reinterpret_cast<const char*>(t.data.data()), t.data.size() * 4);
-      out.resize(start + (t.data.size() * 4 + 31) / 32 * 32, '\0');
+      out.append(reinterpret_cast<const char*>(t.data.data()), t.data.size());
+      out.resize(start + (t.data.size() + 31) / 32 * 32, '\0');
     }
     return out;
   }
@@ -67,7 +75,8 @@ class GgufWriter {
   struct T {
     std::string name;
     std::vector<int64_t> dims;
-    std::vector<float> data;
+    uint32_t type;              // ggml type id (0: F32)
+    std::vector<uint8_t> data;  // the tensor's bytes
   };
   void Raw(const void* p, size_t n) { kv_bytes_.append(static_cast<const char*>(p), n); }
   void U32(uint32_t v) { Raw(&v, 4); }

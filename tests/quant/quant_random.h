@@ -1,4 +1,4 @@
-// Random rows of every supported weight type, for the kernel tests.
+// Random rows of every supported weight type (K-quants included), for the kernel tests.
 #pragma once
 
 #include <cstdint>
@@ -33,9 +33,43 @@ inline float GetHalf(const uint8_t* p) {
   return Fp16ToFp32(h);
 }
 
+// Byte offsets of the fp16 fields (d, dmin) of each K-quant block.
+inline std::vector<size_t> HalfFields(DType t) {
+  switch (t) {
+    case DType::kQ2_K:
+      return {80, 82};
+    case DType::kQ3_K:
+      return {108};
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+      return {0, 2};
+    case DType::kQ6_K:
+      return {208};
+    default:
+      return {};
+  }
+}
+
+// n elements of K-quant type t: random quant bytes, d and dmin in +-[0.001, 0.05].
+inline std::vector<uint8_t> RandomKRow(DType t, int64_t n, std::mt19937& rng) {
+  std::vector<uint8_t> row(RowBytes(t, n));
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(0.001f, 0.05f);
+  for (auto& b : row) b = static_cast<uint8_t>(byte(rng));
+  const size_t bb = GetDTypeTraits(t).block_bytes;
+  for (size_t off = 0; off < row.size(); off += bb) {
+    for (size_t f : HalfFields(t)) {
+      testing::PutHalf(row.data() + off + f, scale(rng) * (byte(rng) < 32 ? -1.0f : 1.0f));
+    }
+  }
+  return row;
+}
+
 // n elements of type t: Gaussian values for the float types; for block types random quant bytes
 // with a scale d in +-[0.001, 0.05] and (Q4_1/Q5_1) a minimum m in [-0.5, 0.5].
+// The K-quants (n a multiple of 256): RandomKRow.
 inline std::vector<uint8_t> RandomRow(DType t, int64_t n, std::mt19937& rng) {
+  if (!HalfFields(t).empty()) return RandomKRow(t, n, rng);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<uint8_t> row(RowBytes(t, n));
   if (t == DType::kF32) {
@@ -76,33 +110,6 @@ inline std::vector<float> RandomActivations(int64_t n, std::mt19937& rng) {
     x[i] = normal(rng) * s * (pick(rng) == 0 ? 20.0f : 1.0f);
   }
   return x;
-}
-
-// Byte offsets of the fp16 fields (d, dmin) of each K-quant block.
-inline std::vector<size_t> HalfFields(DType t) {
-  switch (t) {
-    case DType::kQ2_K: return {80, 82};
-    case DType::kQ3_K: return {108};
-    case DType::kQ4_K:
-    case DType::kQ5_K: return {0, 2};
-    case DType::kQ6_K: return {208};
-    default: return {};
-  }
-}
-
-// n elements of K-quant type t: random quant bytes, d and dmin in +-[0.001, 0.05].
-inline std::vector<uint8_t> RandomKRow(DType t, int64_t n, std::mt19937& rng) {
-  std::vector<uint8_t> row(RowBytes(t, n));
-  std::uniform_int_distribution<int> byte(0, 255);
-  std::uniform_real_distribution<float> scale(0.001f, 0.05f);
-  for (auto& b : row) b = static_cast<uint8_t>(byte(rng));
-  const size_t bb = GetDTypeTraits(t).block_bytes;
-  for (size_t off = 0; off < row.size(); off += bb) {
-    for (size_t f : HalfFields(t)) {
-      PutHalf(row.data() + off + f, scale(rng) * (byte(rng) < 32 ? -1.0f : 1.0f));
-    }
-  }
-  return row;
 }
 
 }  // namespace specinfer::testing

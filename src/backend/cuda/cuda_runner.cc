@@ -48,11 +48,21 @@ StatusOr<ElemType> ToElemType(DType t, const std::string& what) {
       return ElemType::kQ4_0;
     case DType::kQ4_1:
       return ElemType::kQ4_1;
+    case DType::kQ2_K:
+      return ElemType::kQ2_K;
+    case DType::kQ3_K:
+      return ElemType::kQ3_K;
+    case DType::kQ4_K:
+      return ElemType::kQ4_K;
+    case DType::kQ5_K:
+      return ElemType::kQ5_K;
+    case DType::kQ6_K:
+      return ElemType::kQ6_K;
     default:
       return UnimplementedError("the CUDA backend cannot use " + std::string(DTypeName(t)) +
                                 " weights (" + what +
-                                "); supported: F32, F16, BF16, Q8_0, "
-                                "Q4_0, Q4_1");
+                                "); supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q2_K, Q3_K, "
+                                "Q4_K, Q5_K, Q6_K");
   }
 }
 
@@ -61,9 +71,7 @@ struct DeviceMatrix {
   int64_t rows = 0, cols = 0;
   const void* data = nullptr;
   int64_t bytes() const { return rows * kernels::ElemRowBytes(type, cols); }
-  bool quantized() const {
-    return type == ElemType::kQ8_0 || type == ElemType::kQ4_0 || type == ElemType::kQ4_1;
-  }
+  bool quantized() const { return kernels::ElemBlockElems(type) > 1; }
 };
 
 struct DeviceLayer {
@@ -268,9 +276,10 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   for (size_t i = 0; i < mats.size(); ++i) {
     MatrixSlot& s = mats[i];
     SI_ASSIGN_OR_RETURN(ElemType et, ToElemType(s.type, "weight matrix " + std::to_string(i)));
-    if (s.type != DType::kF32 && s.type != DType::kF16 && s.type != DType::kBF16 &&
-        s.cols % kernels::kQuantBlock != 0)
-      return InvalidArgumentError("quantised matrix with a row length not a multiple of 32");
+    if (s.cols % kernels::ElemBlockElems(et) != 0)
+      return InvalidArgumentError(std::string(DTypeName(s.type)) + " matrix " + std::to_string(i) +
+                                  " with a row length not a multiple of " +
+                                  std::to_string(kernels::ElemBlockElems(et)));
     s.target->type = et;
     s.target->rows = s.rows;
     s.target->cols = s.cols;

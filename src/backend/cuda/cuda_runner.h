@@ -9,7 +9,8 @@
 //     host's scaled frequencies, the fused tree-attention kernel over the paged KV cache
 //     (packed-bit masks, grouped-query attention, split KV for long contexts), final norm and
 //     classifier for the requested logit rows;
-//   - weights F32, F16, BF16, Q8_0, Q4_0, Q4_1 (others are refused with Unimplemented), uploaded
+//   - weights F32, F16, BF16, Q8_0, Q4_0, Q4_1 and the K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
+//     (others, e.g. Q5_0/Q5_1, are refused with Unimplemented naming the type), uploaded
 //     once at Create; quantised weights stay quantised on the GPU: products read the blocks
 //     directly (kernels/linear.cuh), and batch-dependent prompt passes dequantise a matrix into
 //     an fp16 workspace for cuBLAS;
@@ -24,7 +25,7 @@
 //     are computed and allocated at Create, and a shortfall is ResourceExhausted with the sizes,
 //     never a crash; larger batches run in pieces of max_batch_tokens tokens.
 // Not done: CUDA graphs (a pass is a few dozen launches per layer on one stream), multi-GPU,
-// K-quants and Q5 types, sampling on the device inside Forward (logits are copied back; the
+// Q5_0/Q5_1, sampling on the device inside Forward (logits are copied back; the
 // device sampling kernels are in kernels/sampling.cuh).
 // Numerics against the CPU backend (float32 weights and KV): products and attention differ only
 // in summation order (relative differences ~1e-6 on logits), RoPE tables are the CPU's. Within
