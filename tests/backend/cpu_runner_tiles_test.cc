@@ -1,7 +1,7 @@
-// The CPU runner on quantised weights, which go through the tile kernels (tiled_matrix.h): a
-// token tree of 19 nodes (more than one kernel slice of tokens, a slice boundary inside the
-// tree) after a 37-token prefix must give every node the logits of decoding its path token by
-// token, bit for bit, for Q4_1, Q4_0 and Q8_0 weights (the output layer included), with GQA
+// The CPU runner on weights that go through the tile kernels (tiled_matrix.h): a token tree of
+// 19 nodes (more than one kernel slice of tokens, a slice boundary inside the tree) after a
+// 37-token prefix must give every node the logits of decoding its path token by token, bit for
+// bit, for Q4_1, Q4_0, Q8_0, F32, F16 and BF16 weights (the output layer included), with GQA
 // groups of head size 64 (the grouped attention kernels). This is the property speculative
 // verification needs on the default (Q4_1) model.
 #include <gtest/gtest.h>
@@ -23,6 +23,14 @@ namespace {
 // ggml's reference quantisers for one row (n a multiple of 32).
 void QuantizeRow(DType t, const float* x, int64_t n, uint8_t* dst) {
   if (t == DType::kQ8_0) return cpu::scalar::FromFloatQ8_0(x, dst, n);
+  if (t == DType::kF32) return static_cast<void>(std::memcpy(dst, x, n * sizeof(float)));
+  if (t == DType::kF16 || t == DType::kBF16) {
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t h = t == DType::kF16 ? Fp32ToFp16(x[i]) : Fp32ToBf16(x[i]);
+      std::memcpy(dst + 2 * i, &h, 2);
+    }
+    return;
+  }
   for (int64_t b = 0; b < n / 32; ++b, x += 32) {
     if (t == DType::kQ4_1) {
       const float lo = *std::min_element(x, x + 32), hi = *std::max_element(x, x + 32);
@@ -102,7 +110,8 @@ std::shared_ptr<Model> QuantizedModel(DType t) {
 }
 
 TEST(CpuRunnerTiles, TreePassEqualsIncrementalDecodingOfEachPath) {
-  for (DType t : {DType::kQ4_1, DType::kQ4_0, DType::kQ8_0}) {
+  for (DType t : {DType::kQ4_1, DType::kQ4_0, DType::kQ8_0, DType::kF32, DType::kF16,
+                  DType::kBF16}) {
     SCOPED_TRACE(std::string(DTypeName(t)));
     std::shared_ptr<Model> model = QuantizedModel(t);
     CpuRunnerOptions o;

@@ -155,6 +155,61 @@ struct Q8_0K {
   }
 };
 
+// Float tiles (F32, F16, BF16): column c's 16 row values as two ymm (widened exactly), each
+// token's two accumulators one FMA per column with the token's value broadcast: the plain chain
+// of tiled_matrix.h. Slices of kSlice tokens (8 accumulators) read the tile again from cache.
+enum class FloatType { kF32, kF16, kBF16 };
+
+template <FloatType F>
+SI_AVX2_INLINE __m256 LoadHalfColumn(const uint8_t* p) {
+  if constexpr (F == FloatType::kF32) return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if constexpr (F == FloatType::kF16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+template <FloatType F, int T>
+SI_AVX2_INLINE void FloatSlice(int64_t n, const uint8_t* w, const float* x, int64_t xs, float* y,
+                               int64_t ys) {
+  constexpr size_t kCol = F == FloatType::kF32 ? kTileF32ColumnBytes : kTileF16ColumnBytes;
+  __m256 a0[T], a1[T];
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < n; ++c, w += kCol) {
+    if (T > 1 && c % 4 == 0) {
+      for (size_t off = 0; off < 4 * kCol; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(w + 1024 + off), _MM_HINT_T0);
+    }
+    const __m256 w0 = LoadHalfColumn<F>(w), w1 = LoadHalfColumn<F>(w + kCol / 2);
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) {
+      const __m256 b = _mm256_broadcast_ss(x + t * xs + c);
+      a0[t] = _mm256_fmadd_ps(w0, b, a0[t]);
+      a1[t] = _mm256_fmadd_ps(w1, b, a1[t]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t) {
+    _mm256_storeu_ps(y + t * ys, a0[t]);
+    _mm256_storeu_ps(y + t * ys + 8, a1[t]);
+  }
+}
+
+template <FloatType F>
+SI_AVX2_INLINE void FloatTile(int64_t n, const uint8_t* w, const float* x, int64_t xs, int count,
+                              float* y, int64_t ys) {
+  for (int t0 = 0; t0 < count; t0 += kSlice) {
+    const float* xt = x + t0 * xs;
+    float* yt = y + t0 * ys;
+    switch (std::min(kSlice, count - t0)) {
+      case 1: FloatSlice<F, 1>(n, w, xt, xs, yt, ys); break;
+      case 2: FloatSlice<F, 2>(n, w, xt, xs, yt, ys); break;
+      case 3: FloatSlice<F, 3>(n, w, xt, xs, yt, ys); break;
+      default: FloatSlice<F, 4>(n, w, xt, xs, yt, ys); break;
+    }
+  }
+}
+
 // Both halves of the tile, tokens in slices of kSlice.
 template <template <int> class K>
 SI_AVX2_INLINE void Tile(int64_t nb, const uint8_t* w, const TileAct* x, int64_t xs, int count,
@@ -188,6 +243,21 @@ SI_AVX2 void DotQ4_0(int64_t n, const uint8_t* w, const void* x, int64_t x_strid
 SI_AVX2 void DotQ8_0(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count,
                      float* y, int64_t y_stride) {
   Tile<Q8_0K>(n / kQK, w, static_cast<const TileAct*>(x), x_stride, count, y, y_stride);
+}
+
+SI_AVX2 void DotF32(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count,
+                    float* y, int64_t y_stride) {
+  FloatTile<FloatType::kF32>(n, w, static_cast<const float*>(x), x_stride, count, y, y_stride);
+}
+
+SI_AVX2 void DotF16(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count,
+                    float* y, int64_t y_stride) {
+  FloatTile<FloatType::kF16>(n, w, static_cast<const float*>(x), x_stride, count, y, y_stride);
+}
+
+SI_AVX2 void DotBF16(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count,
+                     float* y, int64_t y_stride) {
+  FloatTile<FloatType::kBF16>(n, w, static_cast<const float*>(x), x_stride, count, y, y_stride);
 }
 
 }  // namespace specinfer::cpu::tiled_avx2

@@ -141,6 +141,69 @@ SI_512_INLINE void ByteTile(int64_t nb, const uint8_t* w, const TileAct* x, int6
   for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + t * ys, acc[t]);
 }
 
+// Float tiles (F32, F16, BF16): column c's 16 row values are one zmm (widened exactly from F16
+// by vcvtph2ps, from BF16 by a shift), and each token's accumulator takes one FMA per column with
+// the token's value broadcast from memory: the plain chain of tiled_matrix.h, all 16 rows at
+// once, the column loaded once for T tokens. (vdpbf16ps would take BF16 pairs in one instruction
+// but sums each pair before accumulating, another order: not used.)
+enum class FloatType { kF32, kF16, kBF16 };
+
+template <FloatType F>
+SI_512_INLINE __m512 LoadColumn(const uint8_t* p) {
+  if constexpr (F == FloatType::kF32) return _mm512_loadu_ps(p);
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  if constexpr (F == FloatType::kF16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+template <FloatType F, int T>
+SI_512_INLINE void FloatTile(int64_t n, const uint8_t* w, const float* x, int64_t xs, float* y,
+                             int64_t ys) {
+  constexpr size_t kCol = F == FloatType::kF32 ? kTileF32ColumnBytes : kTileF16ColumnBytes;
+  __m512 acc[T];
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + 4 <= n; c += 4, w += 4 * kCol) {
+    // 4 columns: 256 (F32) or 128 bytes; the lines 1 KiB on towards L1 for several tokens.
+    if constexpr (T > 1) {
+#pragma GCC unroll 4
+      for (size_t off = 0; off < 4 * kCol; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(w + 1024 + off), _MM_HINT_T0);
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      const __m512 wc = LoadColumn<F>(w + k * kCol);
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t)
+        acc[t] = _mm512_fmadd_ps(wc, _mm512_set1_ps(x[t * xs + c + k]), acc[t]);
+    }
+  }
+  for (; c < n; ++c, w += kCol) {
+    const __m512 wc = LoadColumn<F>(w);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t)
+      acc[t] = _mm512_fmadd_ps(wc, _mm512_set1_ps(x[t * xs + c]), acc[t]);
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + t * ys, acc[t]);
+}
+
+template <FloatType F>
+SI_512_INLINE void FloatByCount(int64_t n, const uint8_t* w, const float* x, int64_t xs,
+                                int count, float* y, int64_t ys) {
+  switch (count) {
+    case 1: return FloatTile<F, 1>(n, w, x, xs, y, ys);
+    case 2: return FloatTile<F, 2>(n, w, x, xs, y, ys);
+    case 3: return FloatTile<F, 3>(n, w, x, xs, y, ys);
+    case 4: return FloatTile<F, 4>(n, w, x, xs, y, ys);
+    case 5: return FloatTile<F, 5>(n, w, x, xs, y, ys);
+    case 6: return FloatTile<F, 6>(n, w, x, xs, y, ys);
+    case 7: return FloatTile<F, 7>(n, w, x, xs, y, ys);
+    default: return FloatTile<F, 8>(n, w, x, xs, y, ys);
+  }
+}
+
 // Calls K<T> for count = T in 1..kMaxTileTokens.
 template <template <int> class K>
 SI_512_INLINE void ByCount(int64_t nb, const uint8_t* w, const TileAct* x, int64_t xs, int count,
@@ -195,6 +258,22 @@ SI_512 void DotQ4_0(int64_t n, const uint8_t* w, const void* x, int64_t x_stride
 SI_512 void DotQ8_0(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count,
                     float* y, int64_t y_stride) {
   ByCount<Q8_0K>(n / kQK, w, static_cast<const TileAct*>(x), x_stride, count, y, y_stride);
+}
+
+SI_512 void DotF32(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count,
+                   float* y, int64_t y_stride) {
+  FloatByCount<FloatType::kF32>(n, w, static_cast<const float*>(x), x_stride, count, y, y_stride);
+}
+
+SI_512 void DotF16(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count,
+                   float* y, int64_t y_stride) {
+  FloatByCount<FloatType::kF16>(n, w, static_cast<const float*>(x), x_stride, count, y, y_stride);
+}
+
+SI_512 void DotBF16(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count,
+                    float* y, int64_t y_stride) {
+  FloatByCount<FloatType::kBF16>(n, w, static_cast<const float*>(x), x_stride, count, y,
+                                 y_stride);
 }
 
 }  // namespace specinfer::cpu::tiled_avx512

@@ -1,5 +1,5 @@
 // The scalar tile kernels: the reference every vectorised set is checked against bit for bit.
-// Plain loops over the tile layout of tiled_matrix.h, in its summation order.
+// Plain loops over the tile layout of tiled_matrix.h, in its summation orders.
 #include <cmath>
 #include <cstring>
 
@@ -59,7 +59,49 @@ void DotTile(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int c
   }
 }
 
+// Float tiles: column c holds the 16 rows' values; one FMA chain per (row, token) over the
+// columns in order. Widen(p) reads one stored value.
+template <float (*Widen)(const uint8_t*), size_t kBytes>
+void FloatTile(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count, float* y,
+               int64_t y_stride) {
+  for (int t = 0; t < count; ++t) {
+    const float* a = static_cast<const float*>(x) + t * x_stride;
+    for (int j = 0; j < kTileRows; ++j) {
+      float acc = 0.0f;
+      for (int64_t c = 0; c < n; ++c)
+        acc = std::fma(Widen(w + (c * kTileRows + j) * kBytes), a[c], acc);
+      y[t * y_stride + j] = acc;
+    }
+  }
+}
+
+float F32At(const uint8_t* p) {
+  float f;
+  std::memcpy(&f, p, 4);
+  return f;
+}
+float Bf16At(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return Bf16ToFp32(h);
+}
+
 }  // namespace
+
+void DotF32(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count, float* y,
+            int64_t y_stride) {
+  FloatTile<F32At, 4>(n, w, x, x_stride, count, y, y_stride);
+}
+
+void DotF16(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count, float* y,
+            int64_t y_stride) {
+  FloatTile<H, 2>(n, w, x, x_stride, count, y, y_stride);
+}
+
+void DotBF16(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count, float* y,
+             int64_t y_stride) {
+  FloatTile<Bf16At, 2>(n, w, x, x_stride, count, y, y_stride);
+}
 
 void DotQ4_1(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count, float* y,
              int64_t y_stride) {

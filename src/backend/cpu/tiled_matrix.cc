@@ -19,12 +19,30 @@ namespace {
 
 float H(uint16_t h) { return Fp16ToFp32(h); }
 
+// Bytes of one tile block: 32 columns of a quantised type, one column of a float type.
 size_t BlockBytes(DType t) {
   switch (t) {
     case DType::kQ4_1: return kTileQ4_1Bytes;
     case DType::kQ4_0: return kTileQ4_0Bytes;
     case DType::kQ8_0: return kTileQ8_0Bytes;
+    case DType::kF32: return kTileF32ColumnBytes;
+    case DType::kF16:
+    case DType::kBF16: return kTileF16ColumnBytes;
     default: return 0;
+  }
+}
+
+bool IsFloatTile(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+// Float tiles: column c of each row r of the group at (c * kTileRows + j) * element bytes, the
+// stored bits copied (padding rows zero).
+void TileFloats(const WeightMatrix& w, int64_t groups, size_t group_bytes, uint8_t* data) {
+  const size_t es = GetDTypeTraits(w.type).block_bytes;
+  std::memset(data, 0, group_bytes * groups);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const uint8_t* src = static_cast<const uint8_t*>(w.row(r));
+    uint8_t* dst = data + (r / kTileRows) * group_bytes + (r % kTileRows) * es;
+    for (int64_t c = 0; c < w.cols; ++c) std::memcpy(dst + c * kTileRows * es, src + c * es, es);
   }
 }
 
@@ -86,12 +104,15 @@ void Prep(const float* x, int64_t n, TileAct* out) {
 }
 
 struct Tables {
-  TileOps q4_1, q4_0, q8_0;
+  TileOps q4_1, q4_0, q8_0, f32, f16, bf16;
   const TileOps* Get(DType t) const {
     switch (t) {
       case DType::kQ4_1: return &q4_1;
       case DType::kQ4_0: return &q4_0;
       case DType::kQ8_0: return &q8_0;
+      case DType::kF32: return &f32;
+      case DType::kF16: return &f16;
+      case DType::kBF16: return &bf16;
       default: return nullptr;
     }
   }
@@ -102,6 +123,9 @@ struct Tables {
     .q4_1 = {Prep<from_float, 0>, kernels::DotQ4_1},                   \
     .q4_0 = {Prep<from_float, 8>, kernels::DotQ4_0},                   \
     .q8_0 = {Prep<from_float, 128>, kernels::DotQ8_0},                 \
+    .f32 = {nullptr, kernels::DotF32},                                 \
+    .f16 = {nullptr, kernels::DotF16},                                 \
+    .bf16 = {nullptr, kernels::DotBF16},                               \
   }
 
 const Tables kScalarTables = SPECINFER_TILE_TABLE(tiled_scalar, scalar::FromFloatQ8_1);
@@ -121,13 +145,14 @@ bool TiledMatrix::Supports(DType t) { return BlockBytes(t) != 0; }
 StatusOr<TiledMatrix> TiledMatrix::Tile(const WeightMatrix& w) {
   if (!Supports(w.type))
     return UnimplementedError("no tile layout for " + std::string(DTypeName(w.type)) + " weights");
-  if (w.cols % kQK != 0 || w.rows <= 0)
+  if ((!IsFloatTile(w.type) && w.cols % kQK != 0) || w.rows <= 0 || w.cols <= 0)
     return InvalidArgumentError("tiled weights need a positive row count and columns in blocks");
   TiledMatrix m;
   m.type_ = w.type;
   m.rows_ = w.rows;
   m.cols_ = w.cols;
-  m.group_bytes_ = static_cast<size_t>(w.cols / kQK) * BlockBytes(w.type);
+  m.group_bytes_ = static_cast<size_t>(IsFloatTile(w.type) ? w.cols : w.cols / kQK) *
+                   BlockBytes(w.type);
   const size_t bytes = ((m.group_bytes_ * m.groups() + 63) / 64) * 64;
   m.data_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, bytes)));
   if (m.data_ == nullptr)
@@ -138,6 +163,9 @@ StatusOr<TiledMatrix> TiledMatrix::Tile(const WeightMatrix& w) {
     case DType::kQ4_1: TileBlocks<BlockQ4_1>(w, m.groups(), m.group_bytes_, data, PutQ4_1); break;
     case DType::kQ4_0: TileBlocks<BlockQ4_0>(w, m.groups(), m.group_bytes_, data, PutQ4_0); break;
     case DType::kQ8_0: TileBlocks<BlockQ8_0>(w, m.groups(), m.group_bytes_, data, PutQ8_0); break;
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16: TileFloats(w, m.groups(), m.group_bytes_, data); break;
     default: break;
   }
   return m;
@@ -197,6 +225,17 @@ PeakMacs MeasurePeakInt8Macs(KernelIsa isa, double seconds) {
 
 float ReferenceDot(DType t, int64_t n, const void* w_row, const void* x) {
   float acc = 0.0f;
+  if (IsFloatTile(t)) {
+    const float* a = static_cast<const float*>(x);
+    const uint16_t* h = static_cast<const uint16_t*>(w_row);
+    for (int64_t c = 0; c < n; ++c) {
+      const float wc = t == DType::kF32   ? static_cast<const float*>(w_row)[c]
+                       : t == DType::kF16 ? Fp16ToFp32(h[c])
+                                          : Bf16ToFp32(h[c]);
+      acc = std::fma(wc, a[c], acc);
+    }
+    return acc;
+  }
   for (int64_t b = 0; b < n / kQK; ++b) {
     int32_t sum = 0;
     switch (t) {

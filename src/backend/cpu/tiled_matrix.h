@@ -9,7 +9,10 @@
 // block scales. The unpacked weights of a block stay in registers for up to kMaxTileTokens
 // tokens, each token's activations (a few KiB) stay in L1 for all 16 rows.
 //
-// Types with tiles: Q4_1, Q4_0, Q8_0 (Supports()); other types keep the per-row TypeOps kernels.
+// Types with tiles: Q4_1, Q4_0, Q8_0, F32, F16, BF16 (Supports()); other types keep the per-row
+// TypeOps kernels. Float tiles hold the stored values transposed (one column's 16 rows side by
+// side): one vector FMA per (column, token) serves all 16 rows, the column read once for up to
+// kMaxTileTokens tokens (AVX2: slices of 4, re-read from cache).
 //
 // THE SUMMATION ORDER (bit-identical on every kernel set, scalar included, so a token's logits
 // do not depend on the batch, on the tile it falls in, on the tensor-parallel split or on the
@@ -20,6 +23,11 @@
 //                                              fma and multiply-then-add agree)
 // dw, mw: the weight block's fp16 scale and minimum; dx, sx: the activation block's Q8_1 scale
 // and fp16(d * sum q) (the same d and quants as Q8_0's). dw * dx is exact in float32 (fp16 x fp16).
+// Float weights (F32, F16, BF16; activations float32 as they are, widening to float32 exact):
+//   acc = 0
+//   acc = fma(w_c, x_c, acc)                   for the columns c in order, one chain
+// (AVX-512 BF16's vdpbf16ps adds pairs of products before accumulating, another order: the BF16
+// kernels widen by a shift and use the same FMA chain.)
 // ReferenceDot below is that definition, written plainly. (This order differs from the per-row
 // TypeOps::vec_dot kernels', which matrices without tiles still use.)
 //
@@ -32,6 +40,9 @@
 //   Q8_0: d[16], then 8 x 64 bytes: chunk k holds row j's quants 4k..4k+3 plus 128 as unsigned
 //         bytes (vpdpbusd multiplies unsigned by signed; the activation side's -128 * sum(q)
 //         is the kernel's starting value, TileAct::bias)                         544 bytes
+// Float types have blocks of one column (any column count): the 16 rows' stored values, row j
+// at element j                                          F32 64 bytes, F16 and BF16 32 bytes
+// Tiles are a second copy of the weights (the model's view stays for embedding rows and BLAS).
 //
 // Thread safety: TiledMatrix is immutable after Tile(); the kernels are pure functions.
 #pragma once
@@ -65,8 +76,9 @@ class TiledMatrix {
  public:
   // Whether Tile() takes matrices of this type.
   static bool Supports(DType t);
-  // The tiles of `w` (w.type supported, w.cols a multiple of 32). Rows are independent: tiling a
-  // share of a matrix's rows gives that share of the whole matrix's tiles' results.
+  // The tiles of `w` (w.type supported, w.cols a multiple of 32 for the quantised types). Rows
+  // are independent: tiling a share of a matrix's rows gives that share of the whole matrix's
+  // tiles' results.
   static StatusOr<TiledMatrix> Tile(const WeightMatrix& w);
 
   DType type() const { return type_; }
@@ -88,11 +100,13 @@ class TiledMatrix {
 
 // The kernels of one weight type for one kernel set.
 struct TileOps {
-  // Converts n float activations (n a multiple of 32) to n / 32 TileAct.
+  // Converts n float activations (n a multiple of 32) to n / 32 TileAct. Null for the float
+  // types, whose kernels read the float32 activations themselves.
   void (*prep)(const float* x, int64_t n, TileAct* out) = nullptr;
   // y[t * y_stride + j] = row j of the tile group `w` dotted with token t (t < count <=
-  // kMaxTileTokens), for all kTileRows rows j (padding rows included); x points to TileAct,
-  // token t's first at x + t * x_stride (in TileAct). n: columns.
+  // kMaxTileTokens), for all kTileRows rows j (padding rows included); x points to TileAct
+  // (float types: to float), token t's first at x + t * x_stride (in TileAct, or floats).
+  // n: columns.
   void (*dot)(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count, float* y,
               int64_t y_stride) = nullptr;
 };
