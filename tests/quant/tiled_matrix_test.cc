@@ -28,7 +28,8 @@ using testing::IsaName;
 
 const std::vector<DType>& TiledTypes() {
   static const std::vector<DType> kTypes = {DType::kQ4_1, DType::kQ4_0, DType::kQ8_0,
-                                            DType::kF32,  DType::kF16,  DType::kBF16};
+                                            DType::kQ5_1, DType::kQ5_0, DType::kF32,
+                                            DType::kF16,  DType::kBF16};
   return kTypes;
 }
 
@@ -152,10 +153,10 @@ TEST(TiledMatrix, ReferenceDotIsTheDotProduct) {
           exact += static_cast<double>(wf[c]) * xf[c];
           abs_terms += std::fabs(static_cast<double>(wf[c]) * xf[c]);
         }
-        // Q4_1's m term uses s = fp16(d * sum q): 2^-11 relative. Float types: one rounding
-        // per column (a chain of cols FMAs).
+        // Q4_1's and Q5_1's m term uses s = fp16(d * sum q): 2^-11 relative. Float types: one
+        // rounding per column (a chain of cols FMAs).
         const double roundings = IsQuantized(t) ? cols / 32 + 16 : cols;
-        const double tol = (t == DType::kQ4_1 ? 2e-3 : 0.0) * abs_terms +
+        const double tol = (testing::HasMinField(t) ? 2e-3 : 0.0) * abs_terms +
                            roundings * 2.0 / (1 << 24) * abs_terms;
         EXPECT_NEAR(cpu::ReferenceDot(t, cols, p.w.row(r), p.xq.data() + i * p.xq_row_bytes),
                     exact, tol)

@@ -47,15 +47,27 @@ SI_512_INLINE void Prefetch(const uint8_t* w) {
     _mm_prefetch(reinterpret_cast<const char*>(w + kAhead + off), _MM_HINT_T0);
 }
 
-// Q4_1 / Q4_0 tiles: kMin adds the m * s term, kBias starts each block's sum at TileAct::bias
-// (Q4_0's -8 * sum q). With one or two tokens the 8 vpdpbusd of a block are split over two
-// integer sums (added exactly at the end) so their latency chain is halved.
-template <int T, bool kMin, bool kBias, size_t kBlockBytes>
+// Bits 8e + s of each 32-bit lane moved to bit 8e + 4 (s in 0..7), as 0x10 in each byte.
+// (s is a constant once the chunk loop is unrolled.)
+SI_512_INLINE __m512i FifthBits(__m512i h, int s, __m512i bit4) {
+  if (s < 4) return _mm512_and_si512(_mm512_slli_epi32(h, 4 - s), bit4);
+  if (s == 4) return _mm512_and_si512(h, bit4);
+  return _mm512_and_si512(_mm512_srli_epi32(h, s - 4), bit4);
+}
+
+// Q4_1 / Q4_0 / Q5_1 / Q5_0 tiles: kMin adds the m * s term, kBias starts each block's sum at
+// TileAct::bias (Q4_0's -8 * sum q, Q5_0's -16 * sum q), kFive ORs the fifth bits (16 words
+// after the scales, tiled_matrix.h) into the nibbles. With one or two tokens the 8 vpdpbusd of a
+// block are split over two integer sums (added exactly at the end) so their latency chain is
+// halved.
+template <int T, bool kMin, bool kBias, size_t kBlockBytes, bool kFive = false>
 SI_512_INLINE void NibbleTile(int64_t nb, const uint8_t* w, const TileAct* x, int64_t xs, float* y,
                               int64_t ys) {
   constexpr bool kSplit = T <= 2;
-  constexpr size_t kQ = kMin ? 64 : 32;
+  constexpr size_t kH = kMin ? 64 : 32;  // the fifth bits (kFive)
+  constexpr size_t kQ = kH + (kFive ? 64 : 0);
   const __m512i mask = _mm512_set1_epi8(0x0F);
+  const __m512i bit4 = _mm512_set1_epi8(0x10);
   __m512 acc[T];
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
@@ -67,11 +79,17 @@ SI_512_INLINE void NibbleTile(int64_t nb, const uint8_t* w, const TileAct* x, in
       s0[t] = kBias ? _mm512_set1_epi32(x[t * xs + b].bias) : _mm512_setzero_si512();
       if (kSplit) s1[t] = _mm512_setzero_si512();
     }
+    __m512i h = _mm512_setzero_si512();
+    if constexpr (kFive) h = _mm512_loadu_si512(w + kH);
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {
       const __m512i p = _mm512_loadu_si512(w + kQ + 64 * k);
-      const __m512i lo = _mm512_and_si512(p, mask);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), mask);
+      __m512i lo = _mm512_and_si512(p, mask);
+      __m512i hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), mask);
+      if constexpr (kFive) {
+        lo = _mm512_or_si512(lo, FifthBits(h, 2 * k, bit4));
+        hi = _mm512_or_si512(hi, FifthBits(h, 2 * k + 1, bit4));
+      }
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
         const int8_t* q = x[t * xs + b].qs;
@@ -236,6 +254,20 @@ struct Q4_0K {
   }
 };
 template <int T>
+struct Q5_1K {
+  SI_512_INLINE void Run(int64_t nb, const uint8_t* w, const TileAct* x, int64_t xs, float* y,
+                         int64_t ys) {
+    NibbleTile<T, true, false, kTileQ5_1Bytes, true>(nb, w, x, xs, y, ys);
+  }
+};
+template <int T>
+struct Q5_0K {
+  SI_512_INLINE void Run(int64_t nb, const uint8_t* w, const TileAct* x, int64_t xs, float* y,
+                         int64_t ys) {
+    NibbleTile<T, false, true, kTileQ5_0Bytes, true>(nb, w, x, xs, y, ys);
+  }
+};
+template <int T>
 struct Q8_0K {
   SI_512_INLINE void Run(int64_t nb, const uint8_t* w, const TileAct* x, int64_t xs, float* y,
                          int64_t ys) {
@@ -258,6 +290,16 @@ SI_512 void DotQ4_0(int64_t n, const uint8_t* w, const void* x, int64_t x_stride
 SI_512 void DotQ8_0(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count,
                     float* y, int64_t y_stride) {
   ByCount<Q8_0K>(n / kQK, w, static_cast<const TileAct*>(x), x_stride, count, y, y_stride);
+}
+
+SI_512 void DotQ5_1(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count,
+                    float* y, int64_t y_stride) {
+  ByCount<Q5_1K>(n / kQK, w, static_cast<const TileAct*>(x), x_stride, count, y, y_stride);
+}
+
+SI_512 void DotQ5_0(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count,
+                    float* y, int64_t y_stride) {
+  ByCount<Q5_0K>(n / kQK, w, static_cast<const TileAct*>(x), x_stride, count, y, y_stride);
 }
 
 SI_512 void DotF32(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count,

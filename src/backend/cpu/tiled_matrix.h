@@ -9,8 +9,8 @@
 // block scales. The unpacked weights of a block stay in registers for up to kMaxTileTokens
 // tokens, each token's activations (a few KiB) stay in L1 for all 16 rows.
 //
-// Types with tiles: Q4_1, Q4_0, Q8_0, F32, F16, BF16 (Supports()); other types keep the per-row
-// TypeOps kernels. Float tiles hold the stored values transposed (one column's 16 rows side by
+// Types with tiles: Q4_1, Q4_0, Q8_0, Q5_1, Q5_0, F32, F16, BF16 (Supports()); other types keep
+// the per-row TypeOps kernels. Float tiles hold the stored values transposed (one column's 16 rows side by
 // side): one vector FMA per (column, token) serves all 16 rows, the column read once for up to
 // kMaxTileTokens tokens (AVX2: slices of 4, re-read from cache).
 //
@@ -19,7 +19,7 @@
 // machine's instruction set). For weight row r and token t, over the blocks b in order:
 //   acc = 0
 //   acc = fma(float(I_b), dw_b * dx_b, acc)   I_b: the exact integer sum of quant products
-//   acc = acc + mw_b * sx_b                    Q4_1 only (mw, sx fp16: the product is exact, so
+//   acc = acc + mw_b * sx_b                    Q4_1, Q5_1 (mw, sx fp16: the product is exact, so
 //                                              fma and multiply-then-add agree)
 // dw, mw: the weight block's fp16 scale and minimum; dx, sx: the activation block's Q8_1 scale
 // and fp16(d * sum q) (the same d and quants as Q8_0's). dw * dx is exact in float32 (fp16 x fp16).
@@ -40,6 +40,12 @@
 //   Q8_0: d[16], then 8 x 64 bytes: chunk k holds row j's quants 4k..4k+3 plus 128 as unsigned
 //         bytes (vpdpbusd multiplies unsigned by signed; the activation side's -128 * sum(q)
 //         is the kernel's starting value, TileAct::bias)                         544 bytes
+//   Q5_1: d[16], m[16], h[16] (32-bit words), then the 4 x 64 nibble chunks as Q4_1; bit
+//         8e + 2k of h_j is the fifth bit of the quant in byte e of chunk k's low nibble, bit
+//         8e + 2k + 1 that of its high nibble (so a shift and a mask put chunk k's fifth bits at
+//         bit 4 of each byte, all 16 rows at once)                                384 bytes
+//   Q5_0: d[16], h[16], then the nibble chunks (quants stored plus 16, TileAct::bias
+//         -16 * sum q as Q4_0's -8)                                               352 bytes
 // Float types have blocks of one column (any column count): the 16 rows' stored values, row j
 // at element j                                          F32 64 bytes, F16 and BF16 32 bytes
 // Tiles are a second copy of the weights (the model's view stays for embedding rows and BLAS).
@@ -127,7 +133,8 @@ struct PeakMacs {
 PeakMacs MeasurePeakInt8Macs(KernelIsa isa, double seconds);
 
 // The summation order above, plainly, for row `w_row` of a matrix of type t in its GGUF layout
-// against activations as vec_dot_type of t (Q8_1 for Q4_1, Q8_0 for Q4_0/Q8_0, F32 for floats).
+// against activations as vec_dot_type of t (Q8_1 for Q4_1/Q5_1, Q8_0 for Q4_0/Q5_0/Q8_0, F32 for
+// floats).
 float ReferenceDot(DType t, int64_t n, const void* w_row, const void* x);
 
 }  // namespace specinfer::cpu
