@@ -191,8 +191,10 @@ struct Q8_0K {
 };
 
 // Float tiles (F32, F16, BF16): column c's 16 row values as two ymm (widened exactly), each
-// token's two accumulators one FMA per column with the token's value broadcast: the plain chain
-// of tiled_matrix.h. Slices of kSlice tokens (8 accumulators) read the tile again from cache.
+// token's even- or odd-column accumulators (one per half) one FMA per column with the token's
+// value broadcast: the two chains of tiled_matrix.h. Slices of kFloatSlice tokens (4T
+// accumulators, 12 of the 16 registers); further slices read the tile again from cache.
+constexpr int kFloatSlice = 3;
 enum class FloatType { kF32, kF16, kBF16 };
 
 template <FloatType F>
@@ -207,40 +209,54 @@ template <FloatType F, int T>
 SI_AVX2_INLINE void FloatSlice(int64_t n, const uint8_t* w, const float* x, int64_t xs, float* y,
                                int64_t ys) {
   constexpr size_t kCol = F == FloatType::kF32 ? kTileF32ColumnBytes : kTileF16ColumnBytes;
-  __m256 a0[T], a1[T];
+  __m256 acc[2][2][T];  // [column parity][half][token]
 #pragma GCC unroll 4
-  for (int t = 0; t < T; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
-  for (int64_t c = 0; c < n; ++c, w += kCol) {
+  for (int t = 0; t < T; ++t)
+    acc[0][0][t] = acc[0][1][t] = acc[1][0][t] = acc[1][1][t] = _mm256_setzero_ps();
+  int64_t c = 0;
+  for (; c + 2 <= n; c += 2, w += 2 * kCol) {
     if (T > 1 && c % 4 == 0) {
       for (size_t off = 0; off < 4 * kCol; off += 64)
         _mm_prefetch(reinterpret_cast<const char*>(w + 1024 + off), _MM_HINT_T0);
     }
+#pragma GCC unroll 2
+    for (int p = 0; p < 2; ++p) {
+      const __m256 w0 = LoadHalfColumn<F>(w + p * kCol);
+      const __m256 w1 = LoadHalfColumn<F>(w + p * kCol + kCol / 2);
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) {
+        const __m256 b = _mm256_broadcast_ss(x + t * xs + c + p);
+        acc[p][0][t] = _mm256_fmadd_ps(w0, b, acc[p][0][t]);
+        acc[p][1][t] = _mm256_fmadd_ps(w1, b, acc[p][1][t]);
+      }
+    }
+  }
+  if (c < n) {  // a last, even column
     const __m256 w0 = LoadHalfColumn<F>(w), w1 = LoadHalfColumn<F>(w + kCol / 2);
 #pragma GCC unroll 4
     for (int t = 0; t < T; ++t) {
       const __m256 b = _mm256_broadcast_ss(x + t * xs + c);
-      a0[t] = _mm256_fmadd_ps(w0, b, a0[t]);
-      a1[t] = _mm256_fmadd_ps(w1, b, a1[t]);
+      acc[0][0][t] = _mm256_fmadd_ps(w0, b, acc[0][0][t]);
+      acc[0][1][t] = _mm256_fmadd_ps(w1, b, acc[0][1][t]);
     }
   }
 #pragma GCC unroll 4
   for (int t = 0; t < T; ++t) {
-    _mm256_storeu_ps(y + t * ys, a0[t]);
-    _mm256_storeu_ps(y + t * ys + 8, a1[t]);
+    _mm256_storeu_ps(y + t * ys, _mm256_add_ps(acc[0][0][t], acc[1][0][t]));
+    _mm256_storeu_ps(y + t * ys + 8, _mm256_add_ps(acc[0][1][t], acc[1][1][t]));
   }
 }
 
 template <FloatType F>
 SI_AVX2_INLINE void FloatTile(int64_t n, const uint8_t* w, const float* x, int64_t xs, int count,
                               float* y, int64_t ys) {
-  for (int t0 = 0; t0 < count; t0 += kSlice) {
+  for (int t0 = 0; t0 < count; t0 += kFloatSlice) {
     const float* xt = x + t0 * xs;
     float* yt = y + t0 * ys;
-    switch (std::min(kSlice, count - t0)) {
+    switch (std::min(kFloatSlice, count - t0)) {
       case 1: FloatSlice<F, 1>(n, w, xt, xs, yt, ys); break;
       case 2: FloatSlice<F, 2>(n, w, xt, xs, yt, ys); break;
-      case 3: FloatSlice<F, 3>(n, w, xt, xs, yt, ys); break;
-      default: FloatSlice<F, 4>(n, w, xt, xs, yt, ys); break;
+      default: FloatSlice<F, 3>(n, w, xt, xs, yt, ys); break;
     }
   }
 }

@@ -160,10 +160,11 @@ SI_512_INLINE void ByteTile(int64_t nb, const uint8_t* w, const TileAct* x, int6
 }
 
 // Float tiles (F32, F16, BF16): column c's 16 row values are one zmm (widened exactly from F16
-// by vcvtph2ps, from BF16 by a shift), and each token's accumulator takes one FMA per column with
-// the token's value broadcast from memory: the plain chain of tiled_matrix.h, all 16 rows at
-// once, the column loaded once for T tokens. (vdpbf16ps would take BF16 pairs in one instruction
-// but sums each pair before accumulating, another order: not used.)
+// by vcvtph2ps, from BF16 by a shift), and each token's even- or odd-column accumulator takes one
+// FMA per column with the token's value broadcast from memory: the two chains of
+// tiled_matrix.h, all 16 rows at once, the column loaded once for T tokens (2T accumulators).
+// (vdpbf16ps would take BF16 pairs in one instruction but sums each pair before accumulating,
+// another order: not used.)
 enum class FloatType { kF32, kF16, kBF16 };
 
 template <FloatType F>
@@ -178,9 +179,9 @@ template <FloatType F, int T>
 SI_512_INLINE void FloatTile(int64_t n, const uint8_t* w, const float* x, int64_t xs, float* y,
                              int64_t ys) {
   constexpr size_t kCol = F == FloatType::kF32 ? kTileF32ColumnBytes : kTileF16ColumnBytes;
-  __m512 acc[T];
+  __m512 acc[2][T];  // [column parity][token]
 #pragma GCC unroll 8
-  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (int t = 0; t < T; ++t) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
   int64_t c = 0;
   for (; c + 4 <= n; c += 4, w += 4 * kCol) {
     // 4 columns: 256 (F32) or 128 bytes; the lines 1 KiB on towards L1 for several tokens.
@@ -194,17 +195,17 @@ SI_512_INLINE void FloatTile(int64_t n, const uint8_t* w, const float* x, int64_
       const __m512 wc = LoadColumn<F>(w + k * kCol);
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t)
-        acc[t] = _mm512_fmadd_ps(wc, _mm512_set1_ps(x[t * xs + c + k]), acc[t]);
+        acc[k % 2][t] = _mm512_fmadd_ps(wc, _mm512_set1_ps(x[t * xs + c + k]), acc[k % 2][t]);
     }
   }
-  for (; c < n; ++c, w += kCol) {
+  for (; c < n; ++c, w += kCol) {  // c even, then odd
     const __m512 wc = LoadColumn<F>(w);
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t)
-      acc[t] = _mm512_fmadd_ps(wc, _mm512_set1_ps(x[t * xs + c]), acc[t]);
+      acc[c % 2][t] = _mm512_fmadd_ps(wc, _mm512_set1_ps(x[t * xs + c]), acc[c % 2][t]);
   }
 #pragma GCC unroll 8
-  for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + t * ys, acc[t]);
+  for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + t * ys, _mm512_add_ps(acc[0][t], acc[1][t]));
 }
 
 template <FloatType F>

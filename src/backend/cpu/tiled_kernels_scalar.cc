@@ -75,18 +75,18 @@ void DotTile(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int c
   }
 }
 
-// Float tiles: column c holds the 16 rows' values; one FMA chain per (row, token) over the
-// columns in order. Widen(p) reads one stored value.
+// Float tiles: column c holds the 16 rows' values; per (row, token) one FMA chain over the even
+// columns and one over the odd columns, in order, then their sum. Widen(p) reads one value.
 template <float (*Widen)(const uint8_t*), size_t kBytes>
 void FloatTile(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count, float* y,
                int64_t y_stride) {
   for (int t = 0; t < count; ++t) {
     const float* a = static_cast<const float*>(x) + t * x_stride;
     for (int j = 0; j < kTileRows; ++j) {
-      float acc = 0.0f;
+      float acc[2] = {0.0f, 0.0f};
       for (int64_t c = 0; c < n; ++c)
-        acc = std::fma(Widen(w + (c * kTileRows + j) * kBytes), a[c], acc);
-      y[t * y_stride + j] = acc;
+        acc[c % 2] = std::fma(Widen(w + (c * kTileRows + j) * kBytes), a[c], acc[c % 2]);
+      y[t * y_stride + j] = acc[0] + acc[1];
     }
   }
 }

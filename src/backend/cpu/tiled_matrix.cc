@@ -269,13 +269,17 @@ float ReferenceDot(DType t, int64_t n, const void* w_row, const void* x) {
   if (IsFloatTile(t)) {
     const float* a = static_cast<const float*>(x);
     const uint16_t* h = static_cast<const uint16_t*>(w_row);
+    float even = 0.0f, odd = 0.0f;
     for (int64_t c = 0; c < n; ++c) {
       const float wc = t == DType::kF32   ? static_cast<const float*>(w_row)[c]
                        : t == DType::kF16 ? Fp16ToFp32(h[c])
                                           : Bf16ToFp32(h[c]);
-      acc = std::fma(wc, a[c], acc);
+      if (c % 2 == 0)
+        even = std::fma(wc, a[c], even);
+      else
+        odd = std::fma(wc, a[c], odd);
     }
-    return acc;
+    return even + odd;
   }
   for (int64_t b = 0; b < n / kQK; ++b) {
     int32_t sum = 0;

@@ -10,9 +10,9 @@
 // tokens, each token's activations (a few KiB) stay in L1 for all 16 rows.
 //
 // Types with tiles: Q4_1, Q4_0, Q8_0, Q5_1, Q5_0, F32, F16, BF16 (Supports()); other types keep
-// the per-row TypeOps kernels. Float tiles hold the stored values transposed (one column's 16 rows side by
-// side): one vector FMA per (column, token) serves all 16 rows, the column read once for up to
-// kMaxTileTokens tokens (AVX2: slices of 4, re-read from cache).
+// the per-row TypeOps kernels. Float tiles hold the stored values transposed (one column's 16
+// rows side by side): one vector FMA per (column, token) serves all 16 rows, the column read once
+// for up to kMaxTileTokens tokens (AVX2: slices of 3, re-read from cache).
 //
 // THE SUMMATION ORDER (bit-identical on every kernel set, scalar included, so a token's logits
 // do not depend on the batch, on the tile it falls in, on the tensor-parallel split or on the
@@ -24,10 +24,13 @@
 // dw, mw: the weight block's fp16 scale and minimum; dx, sx: the activation block's Q8_1 scale
 // and fp16(d * sum q) (the same d and quants as Q8_0's). dw * dx is exact in float32 (fp16 x fp16).
 // Float weights (F32, F16, BF16; activations float32 as they are, widening to float32 exact):
-//   acc = 0
-//   acc = fma(w_c, x_c, acc)                   for the columns c in order, one chain
-// (AVX-512 BF16's vdpbf16ps adds pairs of products before accumulating, another order: the BF16
-// kernels widen by a shift and use the same FMA chain.)
+//   even = 0, odd = 0
+//   even = fma(w_c, x_c, even)                 for the even columns c in order
+//   odd  = fma(w_c, x_c, odd)                  for the odd columns c in order
+//   result = even + odd
+// (Two chains, not one: a single token's kernel is otherwise bound by the FMA latency, slower
+// than the memory stream for 16-bit weights. AVX-512 BF16's vdpbf16ps adds pairs of products
+// before accumulating, another order: the BF16 kernels widen by a shift and use the FMA chains.)
 // ReferenceDot below is that definition, written plainly. (This order differs from the per-row
 // TypeOps::vec_dot kernels', which matrices without tiles still use.)
 //
