@@ -28,9 +28,9 @@
 //   even = fma(w_c, x_c, even)                 for the even columns c in order
 //   odd  = fma(w_c, x_c, odd)                  for the odd columns c in order
 //   result = even + odd
-// (Two chains, not one: a single token's kernel is otherwise bound by the FMA latency, slower
-// than the memory stream for 16-bit weights. AVX-512 BF16's vdpbf16ps adds pairs of products
-// before accumulating, another order: the BF16 kernels widen by a shift and use the FMA chains.)
+// (Two chains, not one: with one, a single token's kernel is bound by the FMA latency, at half
+// the speed on cache-resident weights; four were no faster. AVX-512 BF16's vdpbf16ps adds pairs
+// of products before accumulating, another order: the BF16 kernels widen by a shift and use FMA.)
 // ReferenceDot below is that definition, written plainly. (This order differs from the per-row
 // TypeOps::vec_dot kernels', which matrices without tiles still use.)
 //
