@@ -20,6 +20,12 @@ median of --runs after one warm-up run:
     row for N threads gives "prefill tok/s" and "decode tok/s".
 The KV cache of llama.cpp is its default (f16) unless --kv-type f32.
 
+With --pass-sizes 1,8,16,32 it measures instead llama.cpp's side of `bench_speculative
+--passes-only`: after --context (seeded random) tokens, one llama_decode of a batch of k tokens
+(a chain at the next k positions, logits for every token, as a tree verification needs) against
+one of a single token; median of --runs timed batches per size, the KV cache cut back to the
+context before each. Prints ms per batch and the ratio to k = 1.
+
 On a small shared machine the numbers are noisy: the script prints the CPU model, core count
 and the load average before and after each side; compare runs only at similar load.
 """
@@ -118,6 +124,37 @@ def run_llamacpp(model, threads, prompt, gen, runs, kv_type):
     return statistics.median(pre), statistics.median(dec), list(pre), list(dec), version, sysinfo
 
 
+def run_llamacpp_passes(model, threads, sizes, context, runs, kv_type):
+    import numpy as np
+    import llama_cpp
+
+    kw = {}
+    if kv_type == "f32":
+        kw = dict(type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
+    n_batch = max(max(sizes), 32)
+    llm = llama_cpp.Llama(model_path=model, n_ctx=max(512, context + n_batch + 16),
+                          n_batch=max(n_batch, context), n_ubatch=max(n_batch, context),
+                          n_threads=threads, n_threads_batch=threads, logits_all=True,
+                          flash_attn=False, seed=0, verbose=False, **kw)
+    rng = np.random.default_rng(5)
+    ctx_tokens = [int(t) for t in rng.integers(0, llm.n_vocab(), size=context)]
+    llm.reset()
+    llm.eval(ctx_tokens)
+    result = {}
+    for k in sizes:
+        batch = [int(t) for t in rng.integers(0, llm.n_vocab(), size=k)]
+        times = []
+        for r in range(runs + 1):  # the first is a warm-up
+            llm.n_tokens = context  # Llama.eval removes the KV cells past n_tokens first
+            t0 = time.perf_counter()
+            llm.eval(batch)  # one llama_decode: k <= n_batch
+            if r > 0:
+                times.append(time.perf_counter() - t0)
+        result[k] = statistics.median(times) * 1e3
+    del llm
+    return result
+
+
 def main():
     ap = argparse.ArgumentParser(description="specinfer vs llama.cpp prefill/decode speed")
     ap.add_argument("--specinfer-bin", default=os.path.join(REPO, "build", "bench_generate"))
@@ -130,11 +167,15 @@ def main():
     ap.add_argument("--kv-type", choices=["f16", "f32"], default="f16",
                     help="llama.cpp KV cache type (llama.cpp's default is f16)")
     ap.add_argument("--skip-specinfer", action="store_true", help="measure llama.cpp only")
+    ap.add_argument("--pass-sizes", default="",
+                    help="comma-separated batch sizes: llama.cpp's tree-pass ratios instead")
+    ap.add_argument("--context", type=int, default=256, help="context before the passes")
     args = ap.parse_args()
 
     if not os.path.isfile(args.model):
         sys.exit(f"error: model not found: {args.model}")
-    if not args.skip_specinfer and not os.access(args.specinfer_bin, os.X_OK):
+    if not args.skip_specinfer and not args.pass_sizes and not os.access(args.specinfer_bin,
+                                                                           os.X_OK):
         sys.exit(f"error: specinfer benchmark program not found or not executable: "
                  f"{args.specinfer_bin}\n  build it first (cmake --build build --target "
                  f"bench_generate) or pass --specinfer-bin PATH")
@@ -143,6 +184,21 @@ def main():
     except ImportError:
         sys.exit("error: llama_cpp is not importable by this Python; run the script with the "
                  "virtual environment that has llama-cpp-python (e.g. /tmp/venv-llama/bin/python)")
+
+    if args.pass_sizes:
+        sizes = [int(x) for x in args.pass_sizes.split(",")]
+        if 1 not in sizes:
+            sizes.insert(0, 1)
+        print(f"machine: {cpu_info()[0]}; model: {args.model}; threads {args.threads}; "
+              f"context {args.context}; median of {args.runs}; load average {load_str()}",
+              flush=True)
+        ms = run_llamacpp_passes(args.model, args.threads, sizes, args.context, args.runs,
+                                 args.kv_type)
+        print(f"{'k':>4} {'ms/batch':>10} {'x one token':>12}")
+        for k in sizes:
+            print(f"{k:>4} {ms[k]:10.2f} {ms[k] / ms[1]:12.2f}")
+        print(f"load average after: {load_str()}")
+        return 0
 
     model_name, cores, affinity = cpu_info()
     print(f"machine: {model_name}, {cores} logical cores ({affinity} usable)")

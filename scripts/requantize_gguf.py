@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Rewrites a GGUF model with its quantised matrices in another block type.
+"""Rewrites a GGUF model with its quantised matrices in another block type or a float type.
 
     python3 scripts/requantize_gguf.py IN.gguf OUT.gguf [--type Q8_0]
 
 Every tensor of a block-quantised type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) is dequantised and
-quantised again to --type with gguf-py (gguf.quants, numpy: ggml's reference quantisers); float
-tensors (norms) and all metadata (tokenizer, chat template, hyper-parameters) are copied as they
-are. Used to benchmark the CPU kernels of one model in several weight types (README, "Measured":
+quantised again to --type with gguf-py (gguf.quants, numpy: ggml's reference quantisers), or
+stored as F32 / F16 / BF16 values (--type F32|F16|BF16: the dequantised values, rounded for F16
+and BF16); float tensors (norms) and all metadata (tokenizer, chat template, hyper-parameters)
+are copied as they are. Used to benchmark the CPU kernels of one model in several weight types (README, "Measured":
 SmolLM2-135M-Instruct Q4_1 -> Q8_0); the result carries the rounding of both quantisations, so it
 is a benchmark input, not a better model.
 
@@ -21,6 +22,7 @@ import numpy as np
 from gguf.quants import dequantize, quantize
 
 BLOCK_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
+FLOAT_TYPES = {"F32", "F16", "BF16"}
 
 
 def main() -> int:
@@ -28,9 +30,9 @@ def main() -> int:
     ap.add_argument("input")
     ap.add_argument("output")
     ap.add_argument("--type", default="Q8_0",
-                    help="target block type: " + ", ".join(sorted(BLOCK_TYPES)))
+                    help="target type: " + ", ".join(sorted(BLOCK_TYPES | FLOAT_TYPES)))
     args = ap.parse_args()
-    if args.type not in BLOCK_TYPES:
+    if args.type not in BLOCK_TYPES | FLOAT_TYPES:
         print(f"requantize_gguf: unsupported --type {args.type}", file=sys.stderr)
         return 1
     target = gguf.GGMLQuantizationType[args.type]

@@ -1,9 +1,9 @@
-// The CPU runner on quantised weights, which go through the tile kernels (tiled_matrix.h): a
-// token tree of 19 nodes (more than one kernel slice of tokens, a slice boundary inside the
-// tree) after a 37-token prefix must give every node the logits of decoding its path token by
-// token, bit for bit, for Q4_1, Q4_0 and Q8_0 weights (the output layer included), with GQA
-// groups of head size 64 (the grouped attention kernels). This is the property speculative
-// verification needs on the default (Q4_1) model.
+// The CPU runner on weights that go through the tile kernels (tiled_matrix.h): a token tree of
+// 19 nodes (more than one kernel slice of tokens, a slice boundary inside the tree) after a
+// 37-token prefix must give every node the logits of decoding its path token by token, bit for
+// bit, for Q4_1, Q4_0, Q8_0, Q5_1, Q5_0, F32, F16 and BF16 weights (the output layer included),
+// with GQA groups of head size 64 (the grouped attention kernels). This is the property
+// speculative verification needs on the default (Q4_1) model.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,8 +23,47 @@ namespace {
 // ggml's reference quantisers for one row (n a multiple of 32).
 void QuantizeRow(DType t, const float* x, int64_t n, uint8_t* dst) {
   if (t == DType::kQ8_0) return cpu::scalar::FromFloatQ8_0(x, dst, n);
+  if (t == DType::kF32) return static_cast<void>(std::memcpy(dst, x, n * sizeof(float)));
+  if (t == DType::kF16 || t == DType::kBF16) {
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t h = t == DType::kF16 ? Fp32ToFp16(x[i]) : Fp32ToBf16(x[i]);
+      std::memcpy(dst + 2 * i, &h, 2);
+    }
+    return;
+  }
   for (int64_t b = 0; b < n / 32; ++b, x += 32) {
-    if (t == DType::kQ4_1) {
+    if (t == DType::kQ5_0 || t == DType::kQ5_1) {
+      // 5-bit quants q[32], then the GGUF block (nibbles, fifth bits in qh).
+      int q[32];
+      uint16_t d16, m16 = 0;
+      if (t == DType::kQ5_1) {
+        const float lo = *std::min_element(x, x + 32), hi = *std::max_element(x, x + 32);
+        const float d = (hi - lo) / 31.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        d16 = Fp32ToFp16(d);
+        m16 = Fp32ToFp16(lo);
+        for (int j = 0; j < 32; ++j) q[j] = std::min(31, static_cast<int>((x[j] - lo) * id + 0.5f));
+      } else {
+        float amax = 0, max = 0;
+        for (int j = 0; j < 32; ++j)
+          if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), max = x[j];
+        const float d = max / -16.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        d16 = Fp32ToFp16(d);
+        for (int j = 0; j < 32; ++j) q[j] = std::min(31, static_cast<int>(x[j] * id + 16.5f));
+      }
+      uint32_t qh = 0;
+      uint8_t qs[16];
+      for (int j = 0; j < 16; ++j) {
+        qs[j] = static_cast<uint8_t>((q[j] & 0x0F) | ((q[j + 16] & 0x0F) << 4));
+        qh |= static_cast<uint32_t>(q[j] >> 4) << j | static_cast<uint32_t>(q[j + 16] >> 4)
+                                                          << (j + 16);
+      }
+      uint8_t* o = dst + b * RowBytes(t, 32);
+      std::memcpy(o, &d16, 2);
+      if (t == DType::kQ5_1) std::memcpy(o + 2, &m16, 2);
+      uint8_t* rest = o + (t == DType::kQ5_1 ? 4 : 2);
+      std::memcpy(rest, &qh, 4);
+      std::memcpy(rest + 4, qs, 16);
+    } else if (t == DType::kQ4_1) {
       const float lo = *std::min_element(x, x + 32), hi = *std::max_element(x, x + 32);
       const float d = (hi - lo) / 15.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
       cpu::BlockQ4_1& o = reinterpret_cast<cpu::BlockQ4_1*>(dst)[b];
@@ -102,7 +141,8 @@ std::shared_ptr<Model> QuantizedModel(DType t) {
 }
 
 TEST(CpuRunnerTiles, TreePassEqualsIncrementalDecodingOfEachPath) {
-  for (DType t : {DType::kQ4_1, DType::kQ4_0, DType::kQ8_0}) {
+  for (DType t : {DType::kQ4_1, DType::kQ4_0, DType::kQ8_0, DType::kQ5_1, DType::kQ5_0,
+                  DType::kF32, DType::kF16, DType::kBF16}) {
     SCOPED_TRACE(std::string(DTypeName(t)));
     std::shared_ptr<Model> model = QuantizedModel(t);
     CpuRunnerOptions o;

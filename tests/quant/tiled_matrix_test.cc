@@ -3,9 +3,11 @@
 // 1..kMaxTileTokens, strided activations and outputs, and lengths from one block to 48. This is
 // what lets a token's logits be the same in a decode step and in a tree pass of any size, and on
 // AVX-512, AVX2 and scalar machines alike. ReferenceDot itself is checked against the exact
-// (double) dot product of the dequantised values.
+// (double) dot product of the dequantised values. Float tiles (F32, F16, BF16) read float32
+// activations as they are; the columns need not fill a block of 32 for them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -25,7 +27,9 @@ using testing::AvailableIsas;
 using testing::IsaName;
 
 const std::vector<DType>& TiledTypes() {
-  static const std::vector<DType> kTypes = {DType::kQ4_1, DType::kQ4_0, DType::kQ8_0};
+  static const std::vector<DType> kTypes = {DType::kQ4_1, DType::kQ4_0, DType::kQ8_0,
+                                            DType::kQ5_1, DType::kQ5_0, DType::kF32,
+                                            DType::kF16,  DType::kBF16};
   return kTypes;
 }
 
@@ -52,25 +56,37 @@ Problem MakeProblem(DType t, int64_t rows, int64_t cols, int64_t tokens, std::mt
   for (int64_t i = 0; i < tokens; ++i) {
     const std::vector<float> x = testing::RandomActivations(cols, rng);
     p.x.insert(p.x.end(), x.begin(), x.end());
-    ops->from_float(x.data(), p.xq.data() + i * p.xq_row_bytes, cols);
+    if (ops->vec_dot_type == DType::kF32)
+      std::memcpy(p.xq.data() + i * p.xq_row_bytes, x.data(), p.xq_row_bytes);
+    else
+      ops->from_float(x.data(), p.xq.data() + i * p.xq_row_bytes, cols);
   }
   return p;
 }
 
 // Runs the kernels of `isa` over every tile group and token slice, with outputs `y_stride`
-// floats apart (>= the padded row count) and activations `x_gap` TileAct apart beyond a row.
+// floats apart (>= the padded row count) and activations `x_gap` elements (TileAct, or floats
+// for float tiles) apart beyond a row.
 std::vector<float> RunTiles(const cpu::TileOps& ops, const cpu::TiledMatrix& m, const Problem& p,
                             int slice, int64_t x_gap) {
-  const int64_t nb = p.w.cols / 32, xs = nb + x_gap;
-  std::vector<cpu::TileAct> act(static_cast<size_t>(xs * p.tokens));
-  for (int64_t i = 0; i < p.tokens; ++i) ops.prep(&p.x[i * p.w.cols], p.w.cols, &act[i * xs]);
+  const bool quantized = ops.prep != nullptr;
+  const int64_t nb = quantized ? p.w.cols / 32 : p.w.cols, xs = nb + x_gap;
+  std::vector<cpu::TileAct> act(quantized ? static_cast<size_t>(xs * p.tokens) : 0);
+  std::vector<float> xf(quantized ? 0 : static_cast<size_t>(xs * p.tokens), std::nanf(""));
+  for (int64_t i = 0; i < p.tokens; ++i) {
+    if (quantized)
+      ops.prep(&p.x[i * p.w.cols], p.w.cols, &act[i * xs]);
+    else
+      std::copy_n(&p.x[i * p.w.cols], p.w.cols, &xf[i * xs]);
+  }
   const int64_t y_stride = m.groups() * cpu::kTileRows + 3;
   std::vector<float> y(static_cast<size_t>(y_stride * p.tokens), std::nanf(""));
   for (int64_t g = 0; g < m.groups(); ++g) {
     for (int64_t t0 = 0; t0 < p.tokens; t0 += slice) {
       const int count = static_cast<int>(std::min<int64_t>(slice, p.tokens - t0));
-      ops.dot(p.w.cols, m.group(g), &act[t0 * xs], xs, count,
-              &y[t0 * y_stride + g * cpu::kTileRows], y_stride);
+      const void* x = quantized ? static_cast<const void*>(&act[t0 * xs]) : &xf[t0 * xs];
+      ops.dot(p.w.cols, m.group(g), x, xs, count, &y[t0 * y_stride + g * cpu::kTileRows],
+              y_stride);
     }
   }
   // Back to [tokens, rows].
@@ -84,7 +100,8 @@ TEST(TiledMatrix, EveryKernelSetIsBitIdenticalToReferenceDot) {
   std::mt19937 rng(5);
   int sets = 0;
   for (DType t : TiledTypes()) {
-    for (int64_t cols : {32, 96, 576, 1536}) {
+    for (int64_t cols : {32, 96, 576, 1536, 7}) {
+      if (IsQuantized(t) && cols % 32 != 0) continue;
       for (int64_t rows : {16, 37}) {
         const Problem p = MakeProblem(t, rows, cols, 11, rng);
         StatusOr<cpu::TiledMatrix> m = cpu::TiledMatrix::Tile(p.w);
@@ -125,7 +142,10 @@ TEST(TiledMatrix, ReferenceDotIsTheDotProduct) {
     const cpu::TypeOps* xops = cpu::GetTypeOpsForIsa(ops->vec_dot_type, cpu::KernelIsa::kScalar);
     std::vector<float> wf(cols), xf(cols);
     for (int64_t i = 0; i < p.tokens; ++i) {
-      xops->to_float(p.xq.data() + i * p.xq_row_bytes, xf.data(), cols);
+      if (xops->to_float == nullptr)
+        std::memcpy(xf.data(), p.xq.data() + i * p.xq_row_bytes, cols * sizeof(float));
+      else
+        xops->to_float(p.xq.data() + i * p.xq_row_bytes, xf.data(), cols);
       for (int64_t r = 0; r < p.w.rows; ++r) {
         ops->to_float(p.w.row(r), wf.data(), cols);
         double exact = 0, abs_terms = 0;
@@ -133,9 +153,11 @@ TEST(TiledMatrix, ReferenceDotIsTheDotProduct) {
           exact += static_cast<double>(wf[c]) * xf[c];
           abs_terms += std::fabs(static_cast<double>(wf[c]) * xf[c]);
         }
-        // Q4_1's m term uses s = fp16(d * sum q): 2^-11 relative.
-        const double tol = (t == DType::kQ4_1 ? 2e-3 : 0.0) * abs_terms +
-                           (cols / 32 + 16) * 2.0 / (1 << 24) * abs_terms;
+        // Q4_1's and Q5_1's m term uses s = fp16(d * sum q): 2^-11 relative. Float types: one
+        // rounding per column (a chain of cols FMAs).
+        const double roundings = IsQuantized(t) ? cols / 32 + 16 : cols;
+        const double tol = (testing::HasMinField(t) ? 2e-3 : 0.0) * abs_terms +
+                           roundings * 2.0 / (1 << 24) * abs_terms;
         EXPECT_NEAR(cpu::ReferenceDot(t, cols, p.w.row(r), p.xq.data() + i * p.xq_row_bytes),
                     exact, tol)
             << DTypeName(t) << " row " << r;
@@ -148,6 +170,7 @@ TEST(TiledMatrix, ReferenceDotIsTheDotProduct) {
 // saturate in any kernel set.
 TEST(TiledMatrix, ExtremeQuantsDoNotOverflow) {
   for (DType t : TiledTypes()) {
+    if (!IsQuantized(t)) continue;
     for (uint8_t fill : {0x00, 0xFF, 0x80, 0x7F}) {
       const int64_t cols = 256, rows = 16;
       std::vector<uint8_t> bytes(RowBytes(t, cols) * rows, fill);
@@ -206,6 +229,7 @@ TEST(TiledMatrix, RefusesWhatItCannotTile) {
   std::vector<uint8_t> bytes(4 * 48);
   EXPECT_FALSE(cpu::TiledMatrix::Tile(WeightMatrix{DType::kQ8_1, 1, 32, bytes.data()}).ok());
   EXPECT_FALSE(cpu::TiledMatrix::Tile(WeightMatrix{DType::kQ8_0, 0, 32, bytes.data()}).ok());
+  EXPECT_FALSE(cpu::TiledMatrix::Tile(WeightMatrix{DType::kQ8_0, 1, 48, bytes.data()}).ok());
 }
 
 }  // namespace

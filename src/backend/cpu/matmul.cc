@@ -23,7 +23,8 @@ void GetRow(const WeightMatrix& w, int64_t r, float* dst) {
 StatusOr<CpuMatrix> CpuMatrix::Prepare(const WeightMatrix& w) {
   CpuMatrix m;
   m.view = w;
-  if (TiledMatrix::Supports(w.type) && w.rows > 0 && w.cols % kQK == 0) {
+  const bool whole_blocks = !IsQuantized(w.type) || w.cols % kQK == 0;
+  if (TiledMatrix::Supports(w.type) && w.rows > 0 && whole_blocks) {
     SI_ASSIGN_OR_RETURN(TiledMatrix tiles, TiledMatrix::Tile(w));
     m.tiles = std::make_shared<const TiledMatrix>(std::move(tiles));
   }
@@ -39,24 +40,35 @@ void MatMul(const CpuMatrix& w, const float* x, int64_t n, float* y, ThreadPool&
 namespace {
 
 // The products of targets that all have tiles of one type and width: the activations are
-// converted once (TileOps::prep), then every tile group of every target is one work item that
-// runs the tile kernel over the tokens in slices of kMaxTileTokens while its weights stay in L1.
+// converted once (TileOps::prep; float tiles read them as they are), then every tile group of
+// every target is one work item that runs the tile kernel over the tokens in slices of
+// kMaxTileTokens while its weights stay in cache.
 void TiledProducts(std::span<const MatMulTarget> targets, const float* x, int64_t n,
                    ThreadPool& pool, std::vector<uint8_t>& scratch) {
   const TiledMatrix& m0 = *targets[0].w->tiles;
   const TileOps* ops = TileOpsFor(m0.type());
   assert(ops != nullptr);
-  const int64_t cols = m0.cols(), nb = cols / kQK;
-  scratch.resize(static_cast<size_t>(n * nb) * sizeof(TileAct));
-  TileAct* act = reinterpret_cast<TileAct*>(scratch.data());
-  auto prep = [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) ops->prep(x + t * cols, cols, act + t * nb);
-  };
-  // Converting a few tokens costs less than waking the workers.
-  if (n * cols >= (int64_t{1} << 16))
-    pool.ParallelFor(n, prep, 1);
-  else
-    prep(0, n);
+  const int64_t cols = m0.cols();
+  // Activations of token t at act_base + t * nb elements of act_bytes bytes.
+  const uint8_t* act_base = reinterpret_cast<const uint8_t*>(x);
+  int64_t nb = cols;
+  size_t act_bytes = sizeof(float);
+  if (ops->prep != nullptr) {
+    nb = cols / kQK;
+    act_bytes = sizeof(TileAct);
+    scratch.resize(static_cast<size_t>(n * nb) * sizeof(TileAct));
+    TileAct* act = reinterpret_cast<TileAct*>(scratch.data());
+    auto prep = [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) ops->prep(x + t * cols, cols, act + t * nb);
+    };
+    // Converting a few tokens costs less than waking the workers.
+    if (n * cols >= (int64_t{1} << 16))
+      pool.ParallelFor(n, prep, 1);
+    else
+      prep(0, n);
+    act_base = scratch.data();
+  }
+  auto act = [&](int64_t t) { return act_base + static_cast<size_t>(t * nb) * act_bytes; };
 
   const size_t num_targets = targets.size();
   assert(num_targets <= 8);
@@ -84,11 +96,11 @@ void TiledProducts(std::span<const MatMulTarget> targets, const float* x, int64_
       for (int64_t t0 = 0; t0 < n; t0 += kMaxTileTokens) {
         const int count = static_cast<int>(std::min<int64_t>(kMaxTileTokens, n - t0));
         if (r0 + kTileRows <= rows) {
-          ops->dot(cols, w, act + t0 * nb, nb, count, y + t0 * rows + r0, rows);
+          ops->dot(cols, w, act(t0), nb, count, y + t0 * rows + r0, rows);
           continue;
         }
         // The last, partly padded group: only its real rows are written.
-        ops->dot(cols, w, act + t0 * nb, nb, count, part, kTileRows);
+        ops->dot(cols, w, act(t0), nb, count, part, kTileRows);
         for (int c = 0; c < count; ++c)
           std::copy_n(part + c * kTileRows, rows - r0, y + (t0 + c) * rows + r0);
       }
@@ -107,8 +119,10 @@ void MatMulShared(std::span<const MatMulTarget> targets, const float* x, int64_t
     same = same && t.w->view.type == w0.type && t.w->view.cols == cols;
     tiled = tiled && t.w->tiles != nullptr;
   }
-  if (same && tiled) return TiledProducts(targets, x, n, pool, scratch);
-  if (!same || (!batch_invariant && w0.type == DType::kF32 && n >= kBlasMinRows)) {
+  // Prompts that need not be batch-invariant keep BLAS for float32 weights (tiles or not).
+  const bool blas = !batch_invariant && w0.type == DType::kF32 && n >= kBlasMinRows;
+  if (same && tiled && !blas) return TiledProducts(targets, x, n, pool, scratch);
+  if (!same || blas) {
     if (targets.size() > 1 || !same) {
       for (const MatMulTarget& t : targets) MatMulShared(std::span(&t, 1), x, n, pool, scratch,
                                                          batch_invariant);

@@ -17,6 +17,10 @@ namespace specinfer::cpu {
 inline constexpr size_t kTileQ4_1Bytes = 320;
 inline constexpr size_t kTileQ4_0Bytes = 288;
 inline constexpr size_t kTileQ8_0Bytes = 544;
+inline constexpr size_t kTileQ5_1Bytes = 384;
+inline constexpr size_t kTileQ5_0Bytes = 352;
+inline constexpr size_t kTileF32ColumnBytes = 4 * kTileRows;
+inline constexpr size_t kTileF16ColumnBytes = 2 * kTileRows;  // F16 and BF16
 
 #define SPECINFER_TILE_KERNELS                                                                \
   void DotQ4_1(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count, float* y, \
@@ -24,6 +28,16 @@ inline constexpr size_t kTileQ8_0Bytes = 544;
   void DotQ4_0(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count, float* y, \
                int64_t y_stride);                                                             \
   void DotQ8_0(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count, float* y, \
+               int64_t y_stride);                                                             \
+  void DotQ5_1(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count, float* y, \
+               int64_t y_stride);                                                             \
+  void DotQ5_0(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count, float* y, \
+               int64_t y_stride);                                                             \
+  void DotF32(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count, float* y,  \
+              int64_t y_stride);                                                              \
+  void DotF16(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count, float* y,  \
+              int64_t y_stride);                                                              \
+  void DotBF16(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count, float* y, \
                int64_t y_stride);
 
 namespace tiled_scalar {

@@ -47,15 +47,27 @@ SI_512_INLINE void Prefetch(const uint8_t* w) {
     _mm_prefetch(reinterpret_cast<const char*>(w + kAhead + off), _MM_HINT_T0);
 }
 
-// Q4_1 / Q4_0 tiles: kMin adds the m * s term, kBias starts each block's sum at TileAct::bias
-// (Q4_0's -8 * sum q). With one or two tokens the 8 vpdpbusd of a block are split over two
-// integer sums (added exactly at the end) so their latency chain is halved.
-template <int T, bool kMin, bool kBias, size_t kBlockBytes>
+// Bits 8e + s of each 32-bit lane moved to bit 8e + 4 (s in 0..7), as 0x10 in each byte.
+// (s is a constant once the chunk loop is unrolled.)
+SI_512_INLINE __m512i FifthBits(__m512i h, int s, __m512i bit4) {
+  if (s < 4) return _mm512_and_si512(_mm512_slli_epi32(h, 4 - s), bit4);
+  if (s == 4) return _mm512_and_si512(h, bit4);
+  return _mm512_and_si512(_mm512_srli_epi32(h, s - 4), bit4);
+}
+
+// Q4_1 / Q4_0 / Q5_1 / Q5_0 tiles: kMin adds the m * s term, kBias starts each block's sum at
+// TileAct::bias (Q4_0's -8 * sum q, Q5_0's -16 * sum q), kFive ORs the fifth bits (16 words
+// after the scales, tiled_matrix.h) into the nibbles. With one or two tokens the 8 vpdpbusd of a
+// block are split over two integer sums (added exactly at the end) so their latency chain is
+// halved.
+template <int T, bool kMin, bool kBias, size_t kBlockBytes, bool kFive = false>
 SI_512_INLINE void NibbleTile(int64_t nb, const uint8_t* w, const TileAct* x, int64_t xs, float* y,
                               int64_t ys) {
   constexpr bool kSplit = T <= 2;
-  constexpr size_t kQ = kMin ? 64 : 32;
+  constexpr size_t kH = kMin ? 64 : 32;  // the fifth bits (kFive)
+  constexpr size_t kQ = kH + (kFive ? 64 : 0);
   const __m512i mask = _mm512_set1_epi8(0x0F);
+  const __m512i bit4 = _mm512_set1_epi8(0x10);
   __m512 acc[T];
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
@@ -67,11 +79,17 @@ SI_512_INLINE void NibbleTile(int64_t nb, const uint8_t* w, const TileAct* x, in
       s0[t] = kBias ? _mm512_set1_epi32(x[t * xs + b].bias) : _mm512_setzero_si512();
       if (kSplit) s1[t] = _mm512_setzero_si512();
     }
+    __m512i h = _mm512_setzero_si512();
+    if constexpr (kFive) h = _mm512_loadu_si512(w + kH);
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {
       const __m512i p = _mm512_loadu_si512(w + kQ + 64 * k);
-      const __m512i lo = _mm512_and_si512(p, mask);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), mask);
+      __m512i lo = _mm512_and_si512(p, mask);
+      __m512i hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), mask);
+      if constexpr (kFive) {
+        lo = _mm512_or_si512(lo, FifthBits(h, 2 * k, bit4));
+        hi = _mm512_or_si512(hi, FifthBits(h, 2 * k + 1, bit4));
+      }
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
         const int8_t* q = x[t * xs + b].qs;
@@ -141,6 +159,70 @@ SI_512_INLINE void ByteTile(int64_t nb, const uint8_t* w, const TileAct* x, int6
   for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + t * ys, acc[t]);
 }
 
+// Float tiles (F32, F16, BF16): column c's 16 row values are one zmm (widened exactly from F16
+// by vcvtph2ps, from BF16 by a shift), and each token's even- or odd-column accumulator takes one
+// FMA per column with the token's value broadcast from memory: the two chains of
+// tiled_matrix.h, all 16 rows at once, the column loaded once for T tokens (2T accumulators).
+// (vdpbf16ps would take BF16 pairs in one instruction but sums each pair before accumulating,
+// another order: not used.)
+enum class FloatType { kF32, kF16, kBF16 };
+
+template <FloatType F>
+SI_512_INLINE __m512 LoadColumn(const uint8_t* p) {
+  if constexpr (F == FloatType::kF32) return _mm512_loadu_ps(p);
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  if constexpr (F == FloatType::kF16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+template <FloatType F, int T>
+SI_512_INLINE void FloatTile(int64_t n, const uint8_t* w, const float* x, int64_t xs, float* y,
+                             int64_t ys) {
+  constexpr size_t kCol = F == FloatType::kF32 ? kTileF32ColumnBytes : kTileF16ColumnBytes;
+  __m512 acc[2][T];  // [column parity][token]
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + 4 <= n; c += 4, w += 4 * kCol) {
+    // 4 columns: 256 (F32) or 128 bytes; the lines 1 KiB on towards L1 for several tokens.
+    if constexpr (T > 1) {
+#pragma GCC unroll 4
+      for (size_t off = 0; off < 4 * kCol; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(w + 1024 + off), _MM_HINT_T0);
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      const __m512 wc = LoadColumn<F>(w + k * kCol);
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t)
+        acc[k % 2][t] = _mm512_fmadd_ps(wc, _mm512_set1_ps(x[t * xs + c + k]), acc[k % 2][t]);
+    }
+  }
+  for (; c < n; ++c, w += kCol) {  // c even, then odd
+    const __m512 wc = LoadColumn<F>(w);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t)
+      acc[c % 2][t] = _mm512_fmadd_ps(wc, _mm512_set1_ps(x[t * xs + c]), acc[c % 2][t]);
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + t * ys, _mm512_add_ps(acc[0][t], acc[1][t]));
+}
+
+template <FloatType F>
+SI_512_INLINE void FloatByCount(int64_t n, const uint8_t* w, const float* x, int64_t xs,
+                                int count, float* y, int64_t ys) {
+  switch (count) {
+    case 1: return FloatTile<F, 1>(n, w, x, xs, y, ys);
+    case 2: return FloatTile<F, 2>(n, w, x, xs, y, ys);
+    case 3: return FloatTile<F, 3>(n, w, x, xs, y, ys);
+    case 4: return FloatTile<F, 4>(n, w, x, xs, y, ys);
+    case 5: return FloatTile<F, 5>(n, w, x, xs, y, ys);
+    case 6: return FloatTile<F, 6>(n, w, x, xs, y, ys);
+    case 7: return FloatTile<F, 7>(n, w, x, xs, y, ys);
+    default: return FloatTile<F, 8>(n, w, x, xs, y, ys);
+  }
+}
+
 // Calls K<T> for count = T in 1..kMaxTileTokens.
 template <template <int> class K>
 SI_512_INLINE void ByCount(int64_t nb, const uint8_t* w, const TileAct* x, int64_t xs, int count,
@@ -173,6 +255,20 @@ struct Q4_0K {
   }
 };
 template <int T>
+struct Q5_1K {
+  SI_512_INLINE void Run(int64_t nb, const uint8_t* w, const TileAct* x, int64_t xs, float* y,
+                         int64_t ys) {
+    NibbleTile<T, true, false, kTileQ5_1Bytes, true>(nb, w, x, xs, y, ys);
+  }
+};
+template <int T>
+struct Q5_0K {
+  SI_512_INLINE void Run(int64_t nb, const uint8_t* w, const TileAct* x, int64_t xs, float* y,
+                         int64_t ys) {
+    NibbleTile<T, false, true, kTileQ5_0Bytes, true>(nb, w, x, xs, y, ys);
+  }
+};
+template <int T>
 struct Q8_0K {
   SI_512_INLINE void Run(int64_t nb, const uint8_t* w, const TileAct* x, int64_t xs, float* y,
                          int64_t ys) {
@@ -195,6 +291,32 @@ SI_512 void DotQ4_0(int64_t n, const uint8_t* w, const void* x, int64_t x_stride
 SI_512 void DotQ8_0(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count,
                     float* y, int64_t y_stride) {
   ByCount<Q8_0K>(n / kQK, w, static_cast<const TileAct*>(x), x_stride, count, y, y_stride);
+}
+
+SI_512 void DotQ5_1(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count,
+                    float* y, int64_t y_stride) {
+  ByCount<Q5_1K>(n / kQK, w, static_cast<const TileAct*>(x), x_stride, count, y, y_stride);
+}
+
+SI_512 void DotQ5_0(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count,
+                    float* y, int64_t y_stride) {
+  ByCount<Q5_0K>(n / kQK, w, static_cast<const TileAct*>(x), x_stride, count, y, y_stride);
+}
+
+SI_512 void DotF32(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count,
+                   float* y, int64_t y_stride) {
+  FloatByCount<FloatType::kF32>(n, w, static_cast<const float*>(x), x_stride, count, y, y_stride);
+}
+
+SI_512 void DotF16(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count,
+                   float* y, int64_t y_stride) {
+  FloatByCount<FloatType::kF16>(n, w, static_cast<const float*>(x), x_stride, count, y, y_stride);
+}
+
+SI_512 void DotBF16(int64_t n, const uint8_t* w, const void* x, int64_t x_stride, int count,
+                    float* y, int64_t y_stride) {
+  FloatByCount<FloatType::kBF16>(n, w, static_cast<const float*>(x), x_stride, count, y,
+                                 y_stride);
 }
 
 }  // namespace specinfer::cpu::tiled_avx512

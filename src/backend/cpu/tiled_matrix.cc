@@ -19,12 +19,32 @@ namespace {
 
 float H(uint16_t h) { return Fp16ToFp32(h); }
 
+// Bytes of one tile block: 32 columns of a quantised type, one column of a float type.
 size_t BlockBytes(DType t) {
   switch (t) {
     case DType::kQ4_1: return kTileQ4_1Bytes;
     case DType::kQ4_0: return kTileQ4_0Bytes;
     case DType::kQ8_0: return kTileQ8_0Bytes;
+    case DType::kQ5_1: return kTileQ5_1Bytes;
+    case DType::kQ5_0: return kTileQ5_0Bytes;
+    case DType::kF32: return kTileF32ColumnBytes;
+    case DType::kF16:
+    case DType::kBF16: return kTileF16ColumnBytes;
     default: return 0;
+  }
+}
+
+bool IsFloatTile(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+// Float tiles: column c of each row r of the group at (c * kTileRows + j) * element bytes, the
+// stored bits copied (padding rows zero).
+void TileFloats(const WeightMatrix& w, int64_t groups, size_t group_bytes, uint8_t* data) {
+  const size_t es = GetDTypeTraits(w.type).block_bytes;
+  std::memset(data, 0, group_bytes * groups);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const uint8_t* src = static_cast<const uint8_t*>(w.row(r));
+    uint8_t* dst = data + (r / kTileRows) * group_bytes + (r % kTileRows) * es;
+    for (int64_t c = 0; c < w.cols; ++c) std::memcpy(dst + c * kTileRows * es, src + c * es, es);
   }
 }
 
@@ -52,6 +72,39 @@ void PutQ8_0(const BlockQ8_0* src, int j, uint8_t* dst) {
   for (int k = 0; k < 8; ++k)
     for (int e = 0; e < 4; ++e)
       dst[32 + 64 * k + 4 * j + e] = static_cast<uint8_t>(src->qs[4 * k + e] + 128);
+}
+
+// The 5-bit types' high bits of one row in the tile's order: bit 8e + 2k + half holds bit
+// 16 * half + 4k + e of the GGUF block's qh (the quant whose nibble is byte e of chunk k).
+uint32_t TileHighBits(const uint8_t qh[4]) {
+  uint32_t in;
+  std::memcpy(&in, qh, 4);
+  uint32_t out = 0;
+  for (int k = 0; k < 4; ++k)
+    for (int e = 0; e < 4; ++e)
+      for (int half = 0; half < 2; ++half)
+        out |= ((in >> (16 * half + 4 * k + e)) & 1u) << (8 * e + 2 * k + half);
+  return out;
+}
+
+void PutQ5_1(const BlockQ5_1* src, int j, uint8_t* dst) {
+  BlockQ5_1 z{};
+  if (src == nullptr) src = &z;
+  std::memcpy(dst + 2 * j, &src->d, 2);
+  std::memcpy(dst + 32 + 2 * j, &src->m, 2);
+  const uint32_t h = TileHighBits(src->qh);
+  std::memcpy(dst + 64 + 4 * j, &h, 4);
+  for (int k = 0; k < 4; ++k) std::memcpy(dst + 128 + 64 * k + 4 * j, src->qs + 4 * k, 4);
+}
+
+void PutQ5_0(const BlockQ5_0* src, int j, uint8_t* dst) {
+  BlockQ5_0 z{};
+  for (uint8_t& b : z.qh) b = 0xFF;  // quants 16: value 0
+  if (src == nullptr) src = &z;
+  std::memcpy(dst + 2 * j, &src->d, 2);
+  const uint32_t h = TileHighBits(src->qh);
+  std::memcpy(dst + 32 + 4 * j, &h, 4);
+  for (int k = 0; k < 4; ++k) std::memcpy(dst + 96 + 64 * k + 4 * j, src->qs + 4 * k, 4);
 }
 
 template <typename Block>
@@ -86,12 +139,17 @@ void Prep(const float* x, int64_t n, TileAct* out) {
 }
 
 struct Tables {
-  TileOps q4_1, q4_0, q8_0;
+  TileOps q4_1, q4_0, q8_0, q5_1, q5_0, f32, f16, bf16;
   const TileOps* Get(DType t) const {
     switch (t) {
+      case DType::kQ5_1: return &q5_1;
+      case DType::kQ5_0: return &q5_0;
       case DType::kQ4_1: return &q4_1;
       case DType::kQ4_0: return &q4_0;
       case DType::kQ8_0: return &q8_0;
+      case DType::kF32: return &f32;
+      case DType::kF16: return &f16;
+      case DType::kBF16: return &bf16;
       default: return nullptr;
     }
   }
@@ -102,6 +160,11 @@ struct Tables {
     .q4_1 = {Prep<from_float, 0>, kernels::DotQ4_1},                   \
     .q4_0 = {Prep<from_float, 8>, kernels::DotQ4_0},                   \
     .q8_0 = {Prep<from_float, 128>, kernels::DotQ8_0},                 \
+    .q5_1 = {Prep<from_float, 0>, kernels::DotQ5_1},                   \
+    .q5_0 = {Prep<from_float, 16>, kernels::DotQ5_0},                  \
+    .f32 = {nullptr, kernels::DotF32},                                 \
+    .f16 = {nullptr, kernels::DotF16},                                 \
+    .bf16 = {nullptr, kernels::DotBF16},                               \
   }
 
 const Tables kScalarTables = SPECINFER_TILE_TABLE(tiled_scalar, scalar::FromFloatQ8_1);
@@ -121,13 +184,14 @@ bool TiledMatrix::Supports(DType t) { return BlockBytes(t) != 0; }
 StatusOr<TiledMatrix> TiledMatrix::Tile(const WeightMatrix& w) {
   if (!Supports(w.type))
     return UnimplementedError("no tile layout for " + std::string(DTypeName(w.type)) + " weights");
-  if (w.cols % kQK != 0 || w.rows <= 0)
+  if ((!IsFloatTile(w.type) && w.cols % kQK != 0) || w.rows <= 0 || w.cols <= 0)
     return InvalidArgumentError("tiled weights need a positive row count and columns in blocks");
   TiledMatrix m;
   m.type_ = w.type;
   m.rows_ = w.rows;
   m.cols_ = w.cols;
-  m.group_bytes_ = static_cast<size_t>(w.cols / kQK) * BlockBytes(w.type);
+  m.group_bytes_ = static_cast<size_t>(IsFloatTile(w.type) ? w.cols : w.cols / kQK) *
+                   BlockBytes(w.type);
   const size_t bytes = ((m.group_bytes_ * m.groups() + 63) / 64) * 64;
   m.data_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, bytes)));
   if (m.data_ == nullptr)
@@ -138,6 +202,11 @@ StatusOr<TiledMatrix> TiledMatrix::Tile(const WeightMatrix& w) {
     case DType::kQ4_1: TileBlocks<BlockQ4_1>(w, m.groups(), m.group_bytes_, data, PutQ4_1); break;
     case DType::kQ4_0: TileBlocks<BlockQ4_0>(w, m.groups(), m.group_bytes_, data, PutQ4_0); break;
     case DType::kQ8_0: TileBlocks<BlockQ8_0>(w, m.groups(), m.group_bytes_, data, PutQ8_0); break;
+    case DType::kQ5_1: TileBlocks<BlockQ5_1>(w, m.groups(), m.group_bytes_, data, PutQ5_1); break;
+    case DType::kQ5_0: TileBlocks<BlockQ5_0>(w, m.groups(), m.group_bytes_, data, PutQ5_0); break;
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16: TileFloats(w, m.groups(), m.group_bytes_, data); break;
     default: break;
   }
   return m;
@@ -197,6 +266,21 @@ PeakMacs MeasurePeakInt8Macs(KernelIsa isa, double seconds) {
 
 float ReferenceDot(DType t, int64_t n, const void* w_row, const void* x) {
   float acc = 0.0f;
+  if (IsFloatTile(t)) {
+    const float* a = static_cast<const float*>(x);
+    const uint16_t* h = static_cast<const uint16_t*>(w_row);
+    float even = 0.0f, odd = 0.0f;
+    for (int64_t c = 0; c < n; ++c) {
+      const float wc = t == DType::kF32   ? static_cast<const float*>(w_row)[c]
+                       : t == DType::kF16 ? Fp16ToFp32(h[c])
+                                          : Bf16ToFp32(h[c]);
+      if (c % 2 == 0)
+        even = std::fma(wc, a[c], even);
+      else
+        odd = std::fma(wc, a[c], odd);
+    }
+    return even + odd;
+  }
   for (int64_t b = 0; b < n / kQK; ++b) {
     int32_t sum = 0;
     switch (t) {
@@ -214,6 +298,31 @@ float ReferenceDot(DType t, int64_t n, const void* w_row, const void* x) {
         const BlockQ8_0& v = static_cast<const BlockQ8_0*>(x)[b];
         for (int j = 0; j < kQK / 2; ++j)
           sum += ((a.qs[j] & 0x0F) - 8) * v.qs[j] + ((a.qs[j] >> 4) - 8) * v.qs[j + kQK / 2];
+        acc = std::fma(static_cast<float>(sum), H(a.d) * H(v.d), acc);
+        break;
+      }
+      case DType::kQ5_1: {
+        const BlockQ5_1& a = static_cast<const BlockQ5_1*>(w_row)[b];
+        const BlockQ8_1& v = static_cast<const BlockQ8_1*>(x)[b];
+        uint32_t qh;
+        std::memcpy(&qh, a.qh, 4);
+        for (int j = 0; j < kQK / 2; ++j)
+          sum += ((a.qs[j] & 0x0F) | static_cast<int>(((qh >> j) & 1u) << 4)) * v.qs[j] +
+                 ((a.qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4)) *
+                     v.qs[j + kQK / 2];
+        acc = std::fma(static_cast<float>(sum), H(a.d) * H(v.d), acc);
+        acc = acc + H(a.m) * H(v.s);
+        break;
+      }
+      case DType::kQ5_0: {
+        const BlockQ5_0& a = static_cast<const BlockQ5_0*>(w_row)[b];
+        const BlockQ8_0& v = static_cast<const BlockQ8_0*>(x)[b];
+        uint32_t qh;
+        std::memcpy(&qh, a.qh, 4);
+        for (int j = 0; j < kQK / 2; ++j)
+          sum += (((a.qs[j] & 0x0F) | static_cast<int>(((qh >> j) & 1u) << 4)) - 16) * v.qs[j] +
+                 (((a.qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4)) - 16) *
+                     v.qs[j + kQK / 2];
         acc = std::fma(static_cast<float>(sum), H(a.d) * H(v.d), acc);
         break;
       }
