@@ -1,5 +1,5 @@
 // The matrix products the CPU runner computes for gemma-3-270m Q4_K_M's weight types (Q5_0 and
-// Q8_0 with Q8_0 activations, Q8_0 through its tiles; Q4_K and Q6_K with Q8_K activations), taken
+// Q8_0 with Q8_0 activations, both through their tiles; Q4_K and Q6_K with Q8_K activations), taken
 // whole: CpuMatrix::Prepare, then MatMul / MatMulShared with a mix of types as the Q/K/V
 // projections have, for 1, 5 and 19 tokens. Each output must equal, up to float32 rounding, the
 // exact product of the dequantised weights with the activations quantised as llama.cpp's reference
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/tiled_matrix.h"
 #include "backend/cpu/type_ops.h"
 #include "common/thread_pool.h"
 #include "quant_random.h"
@@ -151,7 +152,7 @@ TEST(MatMulActivationQuant, GemmaWeightTypesAsLlamaCpp) {
       {DType::kQ5_0, 640}, {DType::kQ8_0, 640}, {DType::kQ4_K, 1024}, {DType::kQ6_K, 2048}};
   for (const auto& [type, cols] : cases) {
     Matrix m = MakeMatrix(type, 37, cols, rng);
-    EXPECT_EQ(m.prepared.tiles != nullptr, type == DType::kQ8_0) << DTypeName(type);
+    EXPECT_EQ(m.prepared.tiles != nullptr, cpu::TiledMatrix::Supports(type)) << DTypeName(type);
     Misses total;
     for (int64_t n : {1, 5, 19}) {
       for (bool invariant : {true, false}) {
