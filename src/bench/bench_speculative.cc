@@ -10,9 +10,11 @@
 // and each speculation setting, greedy generation of --tokens tokens: median decode tokens per
 // second over --runs runs, generated tokens per LLM pass, and the speed-up over incremental
 // decoding measured in the same run. Every speculative output is checked to equal the
-// Rows marked "(auto)" run with the adaptive controller (engine/spec_controller.h), which cuts
-// the tree each step; the others expand their full shape (--spec-budget static).
 // incremental one token for token; a mismatch is reported and fails the benchmark.
+// Rows marked "(auto)" run with the adaptive controller (engine/spec_controller.h), which cuts
+// the tree each step; rows marked "(dynamic)" grow dynamic trees (spec/dynamic_tree.h) to the
+// node budget the controller chooses each step, no deeper than their shape; the others expand
+// their full shape (--spec-budget static).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -52,7 +54,7 @@ struct Setting {
   std::string label;
   std::vector<std::string> drafts;
   std::string tree;
-  bool adaptive = false;  // --spec-budget auto: the controller cuts the tree each step
+  SpecBudgetMode mode = SpecBudgetMode::kStatic;  // --spec-budget of the row
 };
 
 // CPU time of this process (all its threads), seconds.
@@ -132,7 +134,7 @@ int main(int argc, char** argv) {
   o.model_path = model_path;
   o.num_threads = threads;
   o.dequantize = dequantize;
-  o.spec_budget = SpecBudgetMode::kStatic;  // rows name their shape; "auto" rows use `adaptive`
+  o.spec_budget = SpecBudgetMode::kStatic;  // rows name their shape and mode
   auto engine_or = Engine::Create(o);
   if (!engine_or.ok()) {
     std::fprintf(stderr, "error: %s\n", engine_or.status().ToString().c_str());
@@ -143,6 +145,12 @@ int main(int argc, char** argv) {
   auto adaptive_or = Engine::Create(o);
   if (!adaptive_or.ok()) {
     std::fprintf(stderr, "error: %s\n", adaptive_or.status().ToString().c_str());
+    return 1;
+  }
+  o.spec_budget = SpecBudgetMode::kDynamic;
+  auto dynamic_or = Engine::Create(o);
+  if (!dynamic_or.ok()) {
+    std::fprintf(stderr, "error: %s\n", dynamic_or.status().ToString().c_str());
     return 1;
   }
   const int32_t layers = engine.model().config().n_layers;
@@ -196,9 +204,14 @@ int main(int argc, char** argv) {
       {"ngram:1", {"ngram:1"}, "1,1,1,1"},
       {self, {self}, "1,1"},
       {"ngram + " + self, {"ngram", self}, "1,1,1,1"},
-      {"ngram (auto)", {"ngram"}, "1,1,1,1", true},
-      {"ngram (auto)", {"ngram"}, "1,1,1,1,1,1,1,1", true},
-      {"ngram + " + self + " (auto)", {"ngram", self}, "1,1,1,1", true},
+      {"ngram (auto)", {"ngram"}, "1,1,1,1", SpecBudgetMode::kAuto},
+      {"ngram (auto)", {"ngram"}, "1,1,1,1,1,1,1,1", SpecBudgetMode::kAuto},
+      {"ngram + " + self + " (auto)", {"ngram", self}, "1,1,1,1", SpecBudgetMode::kAuto},
+      {"ngram (dynamic)", {"ngram"}, "1,1,1,1", SpecBudgetMode::kDynamic},
+      {"ngram (dynamic)", {"ngram"}, "1,1,1,1,1,1,1,1", SpecBudgetMode::kDynamic},
+      {"ngram + " + self + " (dynamic)", {"ngram", self}, "1,1,1,1", SpecBudgetMode::kDynamic},
+      {"ngram + " + self + " (dynamic)", {"ngram", self}, "1,1,1,1,1,1,1,1",
+       SpecBudgetMode::kDynamic},
   };
 
   bool all_equal = true;
@@ -223,7 +236,9 @@ int main(int argc, char** argv) {
       req.sampling.temperature = 0;
       // Generate a fixed number of tokens: an early end of turn would make runs incomparable.
       if (!s.tree.empty()) req.tree_shape = *TreeShape::Parse(s.tree);
-      Engine& e = s.adaptive ? **adaptive_or : engine;
+      Engine& e = s.mode == SpecBudgetMode::kAuto      ? **adaptive_or
+                  : s.mode == SpecBudgetMode::kDynamic ? **dynamic_or
+                                                       : engine;
       for (const std::string& d : s.drafts) {
         auto sp = e.GetSpeculator(d);
         if (!sp.ok()) {

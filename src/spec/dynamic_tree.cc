@@ -46,7 +46,6 @@ StatusOr<TokenTree> GrowDynamicTree(int32_t root_token, std::span<const float> r
     rank.top_p = 1.0f;
   }
   const int32_t rounds = o.max_rounds > 0 ? o.max_rounds : o.max_depth;
-  const int32_t per_round = (o.max_nodes + rounds - 1) / rounds;
   const int32_t top_n = std::min(o.max_children + 1, vocab);
 
   std::vector<Expandable> ex;
@@ -90,6 +89,10 @@ StatusOr<TokenTree> GrowDynamicTree(int32_t root_token, std::span<const float> r
   std::vector<float> logits;
   for (int32_t round = 0; round < rounds && !heap.empty(); ++round) {
     fresh.clear();
+    // An even share of what is left for the rounds left (a round that could not use its share,
+    // e.g. the first, whose nodes can only be the root's children, leaves it to the next).
+    const int32_t left = o.max_nodes - (tree.size() - 1);
+    const int32_t per_round = (left + (rounds - round) - 1) / (rounds - round);
     int32_t added = 0;
     while (!heap.empty() && added < per_round && tree.size() - 1 < o.max_nodes) {
       const Slot s = heap.top();

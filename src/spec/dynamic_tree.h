@@ -6,7 +6,8 @@
 // the child, among those of nodes the draft has already run, with the highest c. Growth goes in
 // rounds so that a model draft still runs one pass per round (the nodes added in a round are
 // run together, with a tree mask, before their own children can be added): a round adds at most
-// ceil(max_nodes / max_rounds) nodes, so there are at most max_rounds rounds, i.e. draft passes.
+// an even share of the budget left for the rounds left, and there are at most max_rounds rounds
+// (max_rounds - 1 draft passes besides the one that gave the root's logits).
 //
 // What "the next child of v" is depends on the request (the same rule as static expansion,
 // speculator.h ProposeChildren):
