@@ -71,12 +71,15 @@ StatusOr<int32_t> SpeculativeStep::Plan(int32_t root, const DraftContext* ctx, i
       shape_bound += shape_nodes_[static_cast<size_t>(d)];
     for (size_t s = 0; s < sessions_.size(); ++s) {
       c.speculator_index = static_cast<int32_t>(s);
-      // Each draft in turn gets what the earlier ones left of the room. The split is decided
-      // before the draft proposes (from the earlier drafts' trees, which do not depend on its
-      // draws) and nothing is pruned afterwards, so every trial stays what it was drawn as and
-      // sampled verification stays exact (spec/dynamic_tree.h).
+      // Each draft in turn gets what the earlier ones left of the room: all of it for a static
+      // shape (which keeps its full expansion as long as the room allows), an even share of it
+      // for a dynamic tree (so every draft proposes; what one leaves unused goes to the next).
+      // The split is decided before the draft proposes (from the earlier drafts' trees, which do
+      // not depend on its draws) and nothing is pruned afterwards, so every trial stays what it
+      // was drawn as and sampled verification stays exact (spec/dynamic_tree.h).
       const int32_t left = room - (tree_.size() - 1);
-      c.max_nodes = left;
+      const int32_t drafts_left = static_cast<int32_t>(sessions_.size() - s);
+      c.max_nodes = dynamic_ ? (left + drafts_left - 1) / drafts_left : left;
       DraftSession& session = *sessions_[s];
       // A draft that does not keep to a budget (a remote SSM worker) is merged only where its
       // shape's whole expansion fits, which is known without looking at what it proposed; else

@@ -79,8 +79,9 @@ class SpeculativeStep {
   // Drafts the tree rooted at `root` (with `ctx`; null: the root alone), reserves its KV entries
   // after the `committed` ones, and adds it to `batch` with its logits rows in node order. The
   // tree holds at most min(ctx->max_nodes, TreeShape::kMaxNodes) nodes past the root: the drafts
-  // propose in turn, each within what the earlier ones left (a draft that ignores budgets is
-  // merged only where its shape's whole expansion fits).
+  // propose in turn, each within what the earlier ones left (static shapes) or an even share of
+  // it (dynamic trees); a draft that ignores budgets is merged only where its shape's whole
+  // expansion fits.
   // Returns the tree's size (>= 1), which is the number of logits rows it added. A session
   // whose Propose finds no room (ResourceExhausted) proposes nothing this step; any other error
   // of a session is returned.

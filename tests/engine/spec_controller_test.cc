@@ -227,6 +227,10 @@ TEST(SpecController, ChoosesANodeBudgetFromTheDraftsConfidence) {
   EXPECT_EQ(ch.depth[0], 8);
   EXPECT_EQ(ch.budget_tokens, ch.nodes[0]);
   EXPECT_GT(ch.predicted_gain, 1.5);
+  // What /metrics shows (specinfer_spec_budget_tokens) is that node budget.
+  c.ObserveStep(&ch, 1 + ch.nodes[0], 0.021, 0.022, 0.0, 3, 1);
+  EXPECT_EQ(c.Snapshot().budget_tokens, ch.nodes[0]);
+  EXPECT_EQ(c.Snapshot().speculating_steps, 1);
 }
 
 TEST(SpecController, ChoosesNoNodesWhenDraftsFailOrPassesAreComputeBound) {

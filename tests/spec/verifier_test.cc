@@ -89,9 +89,10 @@ TokenTree Expand(const ToySpeculator& spec, int32_t index, const std::vector<int
   return tree;
 }
 
-// Dynamic trees (spec/dynamic_tree.h) of each speculator in turn, within what the earlier ones
-// left of `budget` nodes, as SpeculativeStep::Plan does; `min_prob` makes growth stop early
-// (after draws whose probabilities it depends on), so later speculators' shares vary.
+// Dynamic trees (spec/dynamic_tree.h) of each speculator in turn, each within an even share of
+// what the earlier ones left of `budget` nodes, as SpeculativeStep::Plan does; `min_prob` makes
+// growth stop early (after draws whose probabilities it depends on), so later speculators'
+// shares vary.
 struct DynamicTrees {
   int32_t budget = 0;  // 0: static trees of the shape
   float min_prob = 0;
@@ -170,8 +171,10 @@ std::pair<int32_t, int32_t> GenerateTwo(const std::vector<ToySpeculator>& specs,
       const int32_t index = static_cast<int32_t>(s);
       if (dyn.budget > 0) {
         const int32_t left = dyn.budget - (tree.size() - 1);
-        if (left <= 0) continue;
-        EXPECT_TRUE(tree.Merge(ExpandDynamic(specs[s], index, ctx, shape.depth(), left, dyn,
+        const int32_t share = (left + static_cast<int32_t>(specs.size() - s) - 1) /
+                              static_cast<int32_t>(specs.size() - s);
+        if (share <= 0) continue;
+        EXPECT_TRUE(tree.Merge(ExpandDynamic(specs[s], index, ctx, shape.depth(), share, dyn,
                                              sampling, rng))
                         .ok());
         continue;
