@@ -3,11 +3,12 @@
 //
 // The statistical tests run the production pieces (ProposeChildren, GrowDynamicTree,
 // TokenTree::Merge, VerifyStochastic) on toy "models" — logits from a hash of the context over
-// an 8-token vocabulary — generating two tokens N = 200000 times per configuration, and compare the counts
-// of the first token, the second token and the pair with the exact probabilities. A cell fails
-// when it is more than 5 standard deviations off. With N = 200000 an absolute bias of 1% in a
-// token of probability 0.3 is 9.8 standard deviations, so the test catches it; two deliberately
-// wrong verifiers below show that it does.
+// an 8-token vocabulary — generating two tokens N = 200000 times per configuration, and compare
+// the counts of the first token, the second token and the pair with the exact probabilities. A
+// cell fails when it is more than 5 standard deviations off. With N = 200000 an absolute bias of
+// 1% in a token of probability 0.3 is 9.8 standard deviations, so the test catches it; two
+// deliberately wrong verifiers below show that it does, and so does a dynamic tree pruned by its
+// sampled nodes' probabilities.
 #include "spec/verifier.h"
 
 #include <gtest/gtest.h>
