@@ -12,7 +12,7 @@
 //   bench_serving --model M [--tokenizer T] [--threads 2] [--concurrency 1,8,32]
 //                 [--requests 32] [--max-tokens 64] [--draft ngram] [--tree 1,1,1,1]
 //                 [--workload edit|open] [--chat-template chatml] [--repeat 1]
-//                 [--spec-budget auto|static] [--json FILE]
+//                 [--spec-budget auto|static|dynamic] [--json FILE]
 //   bench_serving --cluster CONFIG [--model M [--tokenizer T]] [--specinfer PATH] ...
 //   bench_serving --model M --workload chat-multiturn [--conversations 16] [--turns 8]
 //                 [--max-tokens 24] [--rounds 2] [--json]
@@ -490,8 +490,9 @@ int Main(int argc, char** argv) {
   app.add_option("--repeat", repeat, "Alternating off/on runs per concurrency (median ratio)")
       ->check(CLI::Range(1, 100));
   app.add_option("--spec-budget", spec_budget,
-                 "In-process server: auto (adaptive tree depth) or static (full shape)")
-      ->check(CLI::IsMember({"auto", "static"}));
+                 "In-process server: auto (adaptive tree depth), static (full shape) or "
+                 "dynamic (dynamic trees, adaptive node budget)")
+      ->check(CLI::IsMember({"auto", "static", "dynamic"}));
   app.add_option("--json", json_path,
                  "Write every run's figures and the medians to this file ('-': standard output, "
                  "instead of the table; chat-multiturn only)");

@@ -9,10 +9,13 @@
 // Part 2: for each workload (chat prompts: editing a text, summarising it, open-ended writing)
 // and each speculation setting, greedy generation of --tokens tokens: median decode tokens per
 // second over --runs runs, generated tokens per LLM pass, and the speed-up over incremental
-// decoding measured in the same run. Every speculative output is checked to equal the
-// Rows marked "(auto)" run with the adaptive controller (engine/spec_controller.h), which cuts
-// the tree each step; the others expand their full shape (--spec-budget static).
+// decoding measured in the same run (the runs go round-robin over the settings, so a changing
+// load weighs on all alike). Every speculative output is checked to equal the
 // incremental one token for token; a mismatch is reported and fails the benchmark.
+// Rows marked "(auto)" run with the adaptive controller (engine/spec_controller.h), which cuts
+// the tree each step; rows marked "(dynamic)" grow dynamic trees (spec/dynamic_tree.h) to the
+// node budget the controller chooses each step, no deeper than their shape; the others expand
+// their full shape (--spec-budget static).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -52,7 +55,7 @@ struct Setting {
   std::string label;
   std::vector<std::string> drafts;
   std::string tree;
-  bool adaptive = false;  // --spec-budget auto: the controller cuts the tree each step
+  SpecBudgetMode mode = SpecBudgetMode::kStatic;  // --spec-budget of the row
 };
 
 // CPU time of this process (all its threads), seconds.
@@ -132,7 +135,7 @@ int main(int argc, char** argv) {
   o.model_path = model_path;
   o.num_threads = threads;
   o.dequantize = dequantize;
-  o.spec_budget = SpecBudgetMode::kStatic;  // rows name their shape; "auto" rows use `adaptive`
+  o.spec_budget = SpecBudgetMode::kStatic;  // rows name their shape and mode
   auto engine_or = Engine::Create(o);
   if (!engine_or.ok()) {
     std::fprintf(stderr, "error: %s\n", engine_or.status().ToString().c_str());
@@ -143,6 +146,12 @@ int main(int argc, char** argv) {
   auto adaptive_or = Engine::Create(o);
   if (!adaptive_or.ok()) {
     std::fprintf(stderr, "error: %s\n", adaptive_or.status().ToString().c_str());
+    return 1;
+  }
+  o.spec_budget = SpecBudgetMode::kDynamic;
+  auto dynamic_or = Engine::Create(o);
+  if (!dynamic_or.ok()) {
+    std::fprintf(stderr, "error: %s\n", dynamic_or.status().ToString().c_str());
     return 1;
   }
   const int32_t layers = engine.model().config().n_layers;
@@ -196,9 +205,14 @@ int main(int argc, char** argv) {
       {"ngram:1", {"ngram:1"}, "1,1,1,1"},
       {self, {self}, "1,1"},
       {"ngram + " + self, {"ngram", self}, "1,1,1,1"},
-      {"ngram (auto)", {"ngram"}, "1,1,1,1", true},
-      {"ngram (auto)", {"ngram"}, "1,1,1,1,1,1,1,1", true},
-      {"ngram + " + self + " (auto)", {"ngram", self}, "1,1,1,1", true},
+      {"ngram (auto)", {"ngram"}, "1,1,1,1", SpecBudgetMode::kAuto},
+      {"ngram (auto)", {"ngram"}, "1,1,1,1,1,1,1,1", SpecBudgetMode::kAuto},
+      {"ngram + " + self + " (auto)", {"ngram", self}, "1,1,1,1", SpecBudgetMode::kAuto},
+      {"ngram (dynamic)", {"ngram"}, "1,1,1,1", SpecBudgetMode::kDynamic},
+      {"ngram (dynamic)", {"ngram"}, "1,1,1,1,1,1,1,1", SpecBudgetMode::kDynamic},
+      {"ngram + " + self + " (dynamic)", {"ngram", self}, "1,1,1,1", SpecBudgetMode::kDynamic},
+      {"ngram + " + self + " (dynamic)", {"ngram", self}, "1,1,1,1,1,1,1,1",
+       SpecBudgetMode::kDynamic},
   };
 
   bool all_equal = true;
@@ -214,8 +228,10 @@ int main(int argc, char** argv) {
     std::printf("\nworkload '%s' (%zu prompt tokens)\n", w.name, prompt->size());
     std::printf("%-22s %-18s %10s %10s %12s %10s %8s\n", "speculators", "tree", "tok/s",
                 "tok/pass", "draft share", "speed-up", "output");
-    std::vector<int32_t> reference;
-    double base = 0;
+    // Requests per setting; the runs go round-robin over the settings, so that a load that
+    // changes during the benchmark (a shared machine) weighs on every setting alike.
+    std::vector<GenerateRequest> reqs;
+    std::vector<Engine*> engines;
     for (const Setting& s : settings) {
       GenerateRequest req;
       req.prompt_tokens = *prompt;
@@ -223,7 +239,9 @@ int main(int argc, char** argv) {
       req.sampling.temperature = 0;
       // Generate a fixed number of tokens: an early end of turn would make runs incomparable.
       if (!s.tree.empty()) req.tree_shape = *TreeShape::Parse(s.tree);
-      Engine& e = s.adaptive ? **adaptive_or : engine;
+      Engine& e = s.mode == SpecBudgetMode::kAuto      ? **adaptive_or
+                  : s.mode == SpecBudgetMode::kDynamic ? **dynamic_or
+                                                       : engine;
       for (const std::string& d : s.drafts) {
         auto sp = e.GetSpeculator(d);
         if (!sp.ok()) {
@@ -232,31 +250,36 @@ int main(int argc, char** argv) {
         }
         req.speculators.push_back(*sp);
       }
-      std::vector<double> rate, per_pass, draft_share;
-      std::vector<int32_t> out;
-      for (int r = 0; r < runs; ++r) {
-        auto res = e.Generate(req);
+      reqs.push_back(std::move(req));
+      engines.push_back(&e);
+    }
+    const size_t n = settings.size();
+    std::vector<std::vector<double>> rate(n), per_pass(n), draft_share(n);
+    std::vector<std::vector<int32_t>> out(n);
+    for (int r = 0; r < runs; ++r) {
+      for (size_t i = 0; i < n; ++i) {
+        auto res = engines[i]->Generate(reqs[i]);
         if (!res.ok()) {
           std::fprintf(stderr, "error: %s\n", res.status().ToString().c_str());
           return 1;
         }
-        rate.push_back(res->stats.decode_tokens_per_second());
-        per_pass.push_back(res->stats.tokens_per_pass());
-        draft_share.push_back(res->stats.spec.draft_seconds / res->stats.decode_seconds);
-        out = res->tokens;
+        rate[i].push_back(res->stats.decode_tokens_per_second());
+        per_pass[i].push_back(res->stats.tokens_per_pass());
+        draft_share[i].push_back(res->stats.spec.draft_seconds / res->stats.decode_seconds);
+        out[i] = res->tokens;
       }
-      const double tps = Median(rate);
-      if (s.drafts.empty()) {
-        reference = out;
-        base = tps;
-      }
-      const bool equal = out == reference;
+    }
+    const double base = Median(rate[0]);  // settings[0] is incremental decoding
+    for (size_t i = 0; i < n; ++i) {
+      const Setting& s = settings[i];
+      const double tps = Median(rate[i]);
+      const bool equal = out[i] == out[0];
       all_equal = all_equal && equal;
       std::printf("%-22s %-18s %10.1f %10.2f %11.0f%% %9.2fx %8s\n", s.label.c_str(),
-                  s.tree.empty() ? "-" : s.tree.c_str(), tps, Median(per_pass),
-                  100 * Median(draft_share), tps / base, equal ? "same" : "DIFFERS");
-      std::fflush(stdout);
+                  s.tree.empty() ? "-" : s.tree.c_str(), tps, Median(per_pass[i]),
+                  100 * Median(draft_share[i]), tps / base, equal ? "same" : "DIFFERS");
     }
+    std::fflush(stdout);
   }
   if (!all_equal) {
     std::fprintf(stderr, "error: a speculative output differs from incremental decoding\n");

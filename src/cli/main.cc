@@ -262,8 +262,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   generate->add_option("--spec-budget", gen.spec_budget,
                        "auto: each step cuts the tree to the depth that maximises measured "
-                       "throughput (0: plain decoding); static: always the full tree shape")
-      ->check(CLI::IsMember({"auto", "static"}))
+                       "throughput (0: plain decoding); static: always the full tree shape; "
+                       "dynamic: trees grown by draft confidence to a node budget chosen per step")
+      ->check(CLI::IsMember({"auto", "static", "dynamic"}))
       ->capture_default_str();
 
   ServeArgs serve_args;

@@ -55,8 +55,9 @@ void AddServeOptions(CLI::App* cmd, ServeArgs& a) {
       ->capture_default_str();
   cmd->add_option("--spec-budget", a.spec_budget,
                   "auto: each step cuts trees to the depth that maximises measured throughput "
-                  "(0: plain decoding); static: always the full tree shape")
-      ->check(CLI::IsMember({"auto", "static"}))
+                  "(0: plain decoding); static: always the full tree shape; dynamic: trees "
+                  "grown by draft confidence to a node budget chosen per step")
+      ->check(CLI::IsMember({"auto", "static", "dynamic"}))
       ->capture_default_str();
   cmd->add_flag("--dequantize", a.engine.dequantize,
                 "Convert the weights to float32 at load (full precision; 4 bytes per weight)");

@@ -221,7 +221,8 @@ StatusOr<ClusterConfig> Parse(const YAML::Node& root, const std::string& source)
     }
     SI_RETURN_IF_ERROR(r.Str("spec_budget", &c.manager.spec_budget));
     if (SpecBudgetMode m; !ParseSpecBudgetMode(c.manager.spec_budget, &m))
-      return r.Error("spec_budget", "'" + c.manager.spec_budget + "' is not auto or static");
+      return r.Error("spec_budget",
+                     "'" + c.manager.spec_budget + "' is not auto, static or dynamic");
     SI_RETURN_IF_ERROR(r.Str("served_model_name", &c.manager.served_model_name));
     SI_RETURN_IF_ERROR(r.Str("chat_template", &c.manager.chat_template));
     SI_RETURN_IF_ERROR(r.Int32("rpc_timeout_ms", 10, 600000, &c.manager.rpc_timeout_ms));

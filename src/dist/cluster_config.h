@@ -3,8 +3,9 @@
 //   hosts:   {NAME: ADDRESS, ...}            machines by name (default: local: 127.0.0.1)
 //   models:  {NAME: PATH | {path: P, tokenizer: T}, ...}
 //   limits:  {max_batch, max_batch_tokens, max_queue, context, max_body_bytes, prefix_cache}
-//   manager: {host, bind, http_port, grpc_port, threads, tree, spec_budget: auto | static,
-//             served_model_name, chat_template, rpc_timeout_ms, probe_interval_ms,
+//   manager: {host, bind, http_port, grpc_port, threads, tree,
+//             spec_budget: auto | static | dynamic, served_model_name, chat_template,
+//             rpc_timeout_ms, probe_interval_ms,
 //             drain_timeout_s}
 //   ssm:     - {spec, model, backend: cpu | cuda, max_sessions, idle_timeout_s,
 //               replicas: [{host, port, threads}, ...]}       one entry per logical speculator
@@ -58,7 +59,7 @@ struct ClusterManager {
   std::string bind;          // address the frontends bind ("": the host's address)
   int32_t grpc_port = 0;     // 0: no gRPC API
   std::string tree = std::string(kDefaultTreeShape);
-  std::string spec_budget = "auto";  // engine/spec_controller.h: auto | static
+  std::string spec_budget = "auto";  // engine/spec_controller.h: auto | static | dynamic
   std::string served_model_name;
   std::string chat_template;  // chatml | llama2 | llama3 | gemma; "": the model's own
   int32_t rpc_timeout_ms = 5000;

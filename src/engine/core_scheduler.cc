@@ -109,31 +109,43 @@ CoreScheduler::ScheduledStep CoreScheduler::Schedule() {
     c.own = &q.speculation().acceptance();
     c.shape_nodes = q.speculation().shape_nodes();
     c.max_depth = q.max_spec_depth();
+    c.own_budget = &q.speculation().budget_acceptance();
+    c.max_nodes = static_cast<int32_t>(TreeShape::kMaxNodes);
     c.id = reinterpret_cast<uintptr_t>(&q) / alignof(Sequence);
     candidates.push_back(c);
     spec_seqs.push_back(&q);
   }
   step.decoding = num_decoding;
-  if (!candidates.empty() && options_.spec_budget == SpecBudgetMode::kAuto && !controller_->calibrated())
-    Calibrate();
-  std::map<const Sequence*, int32_t> cap;
+  const bool adaptive = options_.spec_budget != SpecBudgetMode::kStatic;
+  const bool dynamic = options_.spec_budget == SpecBudgetMode::kDynamic;
+  if (!candidates.empty() && adaptive && !controller_->calibrated()) Calibrate();
+  // Per speculating sequence: its depth cap and, for dynamic trees, its node budget.
+  std::map<const Sequence*, std::pair<int32_t, int32_t>> cap;
   if (!candidates.empty()) {
     const int32_t others = num_decoding - static_cast<int32_t>(candidates.size()) +
                            std::min(prefill, std::max(options_.max_batch_tokens - num_decoding, 0));
-    if (options_.spec_budget == SpecBudgetMode::kAuto) {
+    if (dynamic) {
+      step.choice = controller_->ChooseBudgets(candidates, static_cast<int32_t>(candidates.size()),
+                                               others, options_.max_batch_tokens);
+    } else if (adaptive) {
       step.choice = controller_->Choose(candidates, static_cast<int32_t>(candidates.size()), others,
                                        options_.max_batch_tokens);
     } else {
       SpecController::Choice full;
       for (const auto& c : candidates) {
         full.depth.push_back(c.max_depth);
+        int64_t nodes = 0;
         for (int32_t d = 0; d < c.max_depth && d < static_cast<int32_t>(c.shape_nodes.size()); ++d)
-          full.budget_tokens += c.shape_nodes[static_cast<size_t>(d)];
+          nodes += c.shape_nodes[static_cast<size_t>(d)];
+        full.budget_tokens += std::min<int64_t>(nodes, TreeShape::kMaxNodes);
       }
       full.plain_seconds = controller_->cost().Predict(num_decoding + others);
       step.choice = std::move(full);
     }
-    for (size_t i = 0; i < spec_seqs.size(); ++i) cap[spec_seqs[i]] = step.choice->depth[i];
+    for (size_t i = 0; i < spec_seqs.size(); ++i) {
+      cap[spec_seqs[i]] = {step.choice->depth[i],
+                           dynamic ? step.choice->nodes[i] : Sequence::kStaticTree};
+    }
     spdlog::debug("spec controller: {} decoding, {} other tokens; budget {} tokens, first depth "
                   "{}; predicted {:.2f} tokens in {:.2f} ms, plain {:.2f} ms, gain {:.2f}",
                   num_decoding, others, step.choice->budget_tokens, step.choice->depth[0],
@@ -142,13 +154,16 @@ CoreScheduler::ScheduledStep CoreScheduler::Schedule() {
   }
   auto cap_of = [&](const Sequence* q) {
     auto it = cap.find(q);
-    return it == cap.end() ? 0 : it->second;
+    return it == cap.end() ? std::pair<int32_t, int32_t>{0, Sequence::kStaticTree} : it->second;
   };
 
   // Speculators that work in the background (remote SSM workers) start every sequence's
   // proposal at once, so the step's drafts overlap across sequences and replicas.
   for (auto& e : running_)
-    if (e.seq->phase() == Sequence::Phase::kDecode) e.seq->BeginDraft(cap_of(e.seq.get()));
+    if (e.seq->phase() == Sequence::Phase::kDecode) {
+      const auto [depth, nodes] = cap_of(e.seq.get());
+      e.seq->BeginDraft(depth, nodes);
+    }
 
   // Every decoding sequence's tree, then prefill chunks in admission order.
   ForwardBatch& batch = step.batch;
@@ -157,8 +172,9 @@ CoreScheduler::ScheduledStep CoreScheduler::Schedule() {
     auto next = std::next(it);
     if (it->seq->phase() == Sequence::Phase::kDecode) {
       const auto first_row = static_cast<int32_t>(batch.logit_rows.size());
-      auto size = Guarded("drafting",
-                          [&] { return it->seq->PlanDecode(batch, cap_of(it->seq.get())); });
+      const std::pair<int32_t, int32_t> c = cap_of(it->seq.get());
+      auto size =
+          Guarded("drafting", [&] { return it->seq->PlanDecode(batch, c.first, c.second); });
       if (!size.ok()) {
         Complete(it, size.status().WithContext("drafting"));
       } else {
@@ -248,9 +264,13 @@ void CoreScheduler::Update(ScheduledStep& step, const PassOutput& pass) {
       const Sequence& q = *it->seq;
       emitted += q.generated() - step.generated_before[i];
       const SpeculativeStep::TreeReport& t = q.speculation().last_tree();
-      if (t.cap > 0)
+      if (t.dynamic) {
+        controller_->ObserveBudgetTree(q.speculation().key(), t.budget, t.probs, t.accepted,
+                                       t.draft_seconds);
+      } else if (t.cap > 0) {
         controller_->ObserveTree(q.speculation().key(), t.cap, t.nodes_at_depth, t.accepted,
                                 t.draft_seconds);
+      }
     }
     if (!s.ok()) {
       Complete(it, s);

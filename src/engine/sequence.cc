@@ -120,9 +120,12 @@ int32_t Sequence::max_spec_depth() const {
   return std::max(max_depth, 0);
 }
 
-bool Sequence::DraftContextNow(int32_t depth_cap, DraftContext* ctx) {
+bool Sequence::DraftContextNow(int32_t depth_cap, int32_t dynamic_nodes, DraftContext* ctx) {
   const int32_t max_depth = std::min(max_spec_depth(), depth_cap);
-  if (max_depth <= 0) return false;
+  if (max_depth <= 0 || dynamic_nodes == 0) return false;
+  ctx->dynamic = dynamic_nodes > 0;
+  ctx->max_nodes = ctx->dynamic ? std::min<int32_t>(dynamic_nodes, TreeShape::kMaxNodes)
+                                : static_cast<int32_t>(TreeShape::kMaxNodes);
   ctx->tokens = context_;
   ctx->shape = &request_.tree_shape;
   ctx->max_depth = max_depth;
@@ -131,19 +134,20 @@ bool Sequence::DraftContextNow(int32_t depth_cap, DraftContext* ctx) {
   return true;
 }
 
-void Sequence::BeginDraft(int32_t depth_cap) {
+void Sequence::BeginDraft(int32_t depth_cap, int32_t dynamic_nodes) {
   if (phase_ != Phase::kDecode) return;
-  if (DraftContext ctx; DraftContextNow(depth_cap, &ctx)) step_.BeginDraft(ctx);
+  if (DraftContext ctx; DraftContextNow(depth_cap, dynamic_nodes, &ctx)) step_.BeginDraft(ctx);
 }
 
-StatusOr<int32_t> Sequence::PlanDecode(ForwardBatch& batch, int32_t depth_cap) {
+StatusOr<int32_t> Sequence::PlanDecode(ForwardBatch& batch, int32_t depth_cap,
+                                       int32_t dynamic_nodes) {
   if (phase_ != Phase::kDecode) return FailedPreconditionError("sequence is not decoding");
   if (!decode_started_) {
     decode_started_ = true;
     decode_start_ = Clock::now();
   }
   DraftContext ctx;
-  const bool drafting = DraftContextNow(depth_cap, &ctx);
+  const bool drafting = DraftContextNow(depth_cap, dynamic_nodes, &ctx);
   SI_ASSIGN_OR_RETURN(int32_t size,
                       step_.Plan(context_.back(), drafting ? &ctx : nullptr, committed_, batch));
   ++result_.stats.forward_passes;

@@ -68,11 +68,15 @@ class Sequence {
   // Lets speculators that work in the background (remote SSM workers, DraftSession::Begin)
   // start this step's proposals now, so that a batch's drafts overlap; PlanDecode collects them.
   // Optional; kDecode only (otherwise nothing happens). `depth_cap` as PlanDecode's.
-  void BeginDraft(int32_t depth_cap = kNoDepthCap);
+  void BeginDraft(int32_t depth_cap = kNoDepthCap, int32_t dynamic_nodes = kStaticTree);
   // Drafts this step's token tree, its shape cut at depth `depth_cap` (0: the root alone, i.e.
   // plain decoding; the adaptive controller's choice, engine/spec_controller.h), and adds it to
   // `batch`; returns its size (>= 1), the number of logits rows it added. kDecode only.
-  StatusOr<int32_t> PlanDecode(ForwardBatch& batch, int32_t depth_cap = kNoDepthCap);
+  // `dynamic_nodes` >= 0: a dynamic tree (spec/dynamic_tree.h) of at most that many nodes past
+  // the root, no deeper than `depth_cap` and the shape; kStaticTree: the shape's expansion.
+  static constexpr int32_t kStaticTree = -1;
+  StatusOr<int32_t> PlanDecode(ForwardBatch& batch, int32_t depth_cap = kNoDepthCap,
+                               int32_t dynamic_nodes = kStaticTree);
   // The deepest tree this step may draft (its shape, the tokens still wanted and the context);
   // 0 when it cannot speculate (no speculators, not decoding).
   int32_t max_spec_depth() const;
@@ -101,7 +105,7 @@ class Sequence {
 
  private:
   // This step's drafting context; false when there is nothing to draft.
-  bool DraftContextNow(int32_t depth_cap, DraftContext* ctx);
+  bool DraftContextNow(int32_t depth_cap, int32_t dynamic_nodes, DraftContext* ctx);
 
   Sequence(GenerateRequest request, TokenCallback on_token, const ModelConfig& config,
            KvCacheManager& kv, SeqId seq);

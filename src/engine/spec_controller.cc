@@ -11,12 +11,37 @@ namespace specinfer {
 bool ParseSpecBudgetMode(std::string_view text, SpecBudgetMode* mode) {
   if (text == "auto") *mode = SpecBudgetMode::kAuto;
   else if (text == "static") *mode = SpecBudgetMode::kStatic;
+  else if (text == "dynamic") *mode = SpecBudgetMode::kDynamic;
   else return false;
   return true;
 }
 
 const char* SpecBudgetModeName(SpecBudgetMode mode) {
-  return mode == SpecBudgetMode::kAuto ? "auto" : "static";
+  switch (mode) {
+    case SpecBudgetMode::kAuto: return "auto";
+    case SpecBudgetMode::kStatic: return "static";
+    case SpecBudgetMode::kDynamic: return "dynamic";
+  }
+  return "auto";
+}
+
+void BudgetAcceptanceModel::Observe(int32_t budget, std::span<const float> sorted_probs,
+                                    int32_t accepted_tokens, double alpha) {
+  if (budget <= 0) return;
+  const int32_t ranks = std::min(budget, kMaxRanks);
+  if (prob.size() < static_cast<size_t>(ranks)) {
+    prob.resize(static_cast<size_t>(ranks));
+    present.resize(static_cast<size_t>(ranks));
+  }
+  double sum = 0;
+  for (float p : sorted_probs) sum += p;
+  for (int32_t k = 0; k < ranks; ++k) {
+    const bool has = static_cast<size_t>(k) < sorted_probs.size();
+    prob[static_cast<size_t>(k)].Add(has ? sorted_probs[static_cast<size_t>(k)] : 0.0, alpha);
+    present[static_cast<size_t>(k)].Add(has ? 1.0 : 0.0, alpha);
+  }
+  predicted.Add(sum, alpha);
+  accepted.Add(accepted_tokens, alpha);
 }
 
 void AcceptanceModel::Observe(int32_t cap, std::span<const int32_t> nodes_at_depth,
@@ -97,6 +122,154 @@ void SpecController::ObserveTree(const std::string& key, int32_t cap,
   draft_level_seconds_[key].Add(draft_seconds / cap, kGlobalAlpha * 4);
 }
 
+std::vector<int32_t> SpecController::Allocate(const std::vector<std::vector<double>>& r,
+                                              const std::vector<std::vector<double>>& m,
+                                              const std::vector<double>& s, double base_tokens,
+                                              int32_t max_tokens, Choice& ch) const {
+  const size_t n = r.size();
+  std::vector<int32_t> count(n, 0);
+  if (cost_.empty()) return count;
+  const double overhead = overhead_.value;
+  // Greedy increments by gain per cost, keeping the best prefix.
+  const double slope =
+      std::max((cost_.Predict(base_tokens + 16) + overhead - ch.plain_seconds) / 16, 1e-7);
+  struct Inc {
+    double ratio;
+    size_t i;
+    int32_t d;
+    bool operator<(const Inc& o) const { return ratio < o.ratio; }
+  };
+  std::priority_queue<Inc> heap;
+  auto push = [&](size_t i, int32_t d) {
+    if (d > static_cast<int32_t>(r[i].size())) return;
+    const size_t k = static_cast<size_t>(d - 1);
+    heap.push(Inc{r[i][k] / (m[i][k] * slope + s[i] + 1e-9), i, d});
+  };
+  for (size_t i = 0; i < n; ++i) push(i, 1);
+  double tokens = ch.predicted_tokens, extra = 0, draft = 0;
+  double best = ch.plain_seconds > 0 ? tokens / ch.plain_seconds : 0;
+  std::vector<Inc> taken;
+  size_t best_prefix = 0;
+  double best_tokens = tokens, best_seconds = ch.plain_seconds;
+  while (!heap.empty()) {
+    const Inc inc = heap.top();
+    heap.pop();
+    const size_t k = static_cast<size_t>(inc.d - 1);
+    if (base_tokens + extra + m[inc.i][k] > max_tokens) continue;
+    tokens += r[inc.i][k];
+    extra += m[inc.i][k];
+    draft += s[inc.i];
+    taken.push_back(inc);
+    const double seconds = cost_.Predict(base_tokens + extra) + overhead + draft;
+    const double tput = seconds > 0 ? tokens / seconds : 0;
+    spdlog::trace("  take {} d{}: {:.3f} tokens, T {:.2f}, {:.3f} ms, tput {:.3f} best {:.3f}",
+                  inc.i, inc.d, tokens, base_tokens + extra, seconds * 1e3, tput, best);
+    if (tput > best * (1 + 1e-9)) {
+      best = tput;
+      best_prefix = taken.size();
+      best_tokens = tokens;
+      best_seconds = seconds;
+    }
+    push(inc.i, inc.d + 1);
+  }
+  // The model is an estimate: speculate only for a clear predicted gain, so its errors do not
+  // make speculation a loss (measured: the prediction ran 5-15% high on a busy CPU).
+  if (ch.plain_seconds > 0 && best < kMinGain * (ch.predicted_tokens / ch.plain_seconds)) {
+    best_prefix = 0;
+    best_tokens = ch.predicted_tokens;
+    best_seconds = ch.plain_seconds;
+  }
+  for (size_t t = 0; t < best_prefix; ++t)
+    count[taken[t].i] = std::max(count[taken[t].i], taken[t].d);
+  ch.predicted_tokens = best_tokens;
+  ch.predicted_seconds = best_seconds;
+  return count;
+}
+
+void SpecController::ObserveBudgetTree(const std::string& key, int32_t budget,
+                                       std::span<const float> sorted_probs, int32_t accepted,
+                                       double draft_seconds) {
+  if (budget <= 0) return;
+  global_budget_[key].Observe(budget, sorted_probs, accepted, kGlobalAlpha);
+  const double nodes = std::max<double>(static_cast<double>(sorted_probs.size()), 1);
+  draft_node_seconds_[key].Add(draft_seconds / nodes, kGlobalAlpha * 4);
+}
+
+SpecController::Choice SpecController::ChooseBudgets(std::span<const Candidate> candidates,
+                                                     int32_t decoding, int32_t other_tokens,
+                                                     int32_t max_tokens) {
+  const size_t n = candidates.size();
+  Choice ch;
+  ch.depth.assign(n, 0);
+  ch.nodes.assign(n, 0);
+  const double base_tokens = std::max(decoding, 0) + std::max(other_tokens, 0);
+  ch.plain_seconds = cost_.Predict(base_tokens) + overhead_.value;
+  ch.predicted_seconds = ch.plain_seconds;
+  ch.predicted_tokens = decoding;
+
+  // Per candidate and rank k: r(k) = calibration * prob(k) (non-increasing), m(k) = P(k-th node
+  // exists), s per node. Pseudo-counts as in Choose: an optimistic guess (0.6^k, every node
+  // there, confidence taken at its word) once, the speculator set's up to kPriorWeight times, the
+  // sequence's own up to kOwnWeight times.
+  std::vector<std::vector<double>> r(n), m(n);
+  std::vector<double> s(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const Candidate& c = candidates[i];
+    if (c.max_depth <= 0) continue;
+    const BudgetAcceptanceModel* g = nullptr;
+    if (auto it = global_budget_.find(*c.key); it != global_budget_.end()) g = &it->second;
+    if (auto it = draft_node_seconds_.find(*c.key); it != draft_node_seconds_.end())
+      s[i] = it->second.value;
+    // Calibration: accepted tokens per unit of summed probability.
+    double wsum = 1, csum = 1;
+    auto add_calibration = [&](const BudgetAcceptanceModel* a, double cap) {
+      if (a == nullptr || a->predicted.count == 0) return;
+      const double w = std::min<double>(static_cast<double>(a->predicted.count), cap);
+      wsum += w;
+      csum += w * std::clamp(a->accepted.value / std::max(a->predicted.value, 1e-3), 0.0, 4.0);
+    };
+    add_calibration(g, kPriorWeight);
+    add_calibration(c.own_budget, kOwnWeight);
+    const double calibration = csum / wsum;
+    double prev = 1;
+    const int32_t ranks = std::min(c.max_nodes, BudgetAcceptanceModel::kMaxRanks);
+    for (int32_t k = 1; k <= ranks; ++k) {
+      const size_t j = static_cast<size_t>(k - 1);
+      double w = 1, psum = std::pow(0.6, k), msum = 1;
+      for (const auto& [a, cap] :
+           {std::pair{g, kPriorWeight}, std::pair{c.own_budget, kOwnWeight}}) {
+        if (a == nullptr || j >= a->prob.size() || a->prob[j].count == 0) continue;
+        const double wa = std::min<double>(static_cast<double>(a->prob[j].count), cap);
+        w += wa;
+        psum += wa * a->prob[j].value;
+        msum += wa * a->present[j].value;
+      }
+      const double rk = std::min(calibration * psum / w, prev);
+      prev = rk;
+      r[i].push_back(rk);
+      m[i].push_back(std::clamp(msum / w, 0.0, 1.0));
+    }
+  }
+  const std::vector<int32_t> taken = Allocate(r, m, s, base_tokens, max_tokens, ch);
+  for (size_t i = 0; i < n; ++i) {
+    const Candidate& c = candidates[i];
+    int32_t b = taken[i];
+    // Probes: twice the budget (at least 2), now and then, staggered across sequences.
+    if (Probes(c)) b = std::max(2 * b, 2);
+    b = std::min(b, std::min(c.max_nodes, BudgetAcceptanceModel::kMaxRanks));
+    if (c.max_depth <= 0) b = 0;
+    ch.nodes[i] = b;
+    ch.depth[i] = b > 0 ? c.max_depth : 0;
+    ch.budget_tokens += b;
+  }
+  ++choices_;
+  if (ch.plain_seconds > 0 && ch.predicted_seconds > 0 && decoding > 0) {
+    ch.predicted_gain =
+        (ch.predicted_tokens / ch.predicted_seconds) / (decoding / ch.plain_seconds);
+  }
+  return ch;
+}
+
 SpecController::Choice SpecController::Choose(std::span<const Candidate> candidates,
                                               int32_t decoding, int32_t other_tokens,
                                               int32_t max_tokens) {
@@ -149,68 +322,13 @@ SpecController::Choice SpecController::Choose(std::span<const Candidate> candida
 
   if (n > 0 && !r[0].empty())
     spdlog::trace("spec controller: r(1) {:.3f} m(1) {:.3f} s {:.6f}", r[0][0], m[0][0], s[0]);
-  // Greedy increments by gain per cost, keeping the best prefix.
-  if (!cost_.empty()) {
-    const double slope =
-        std::max((cost_.Predict(base_tokens + 16) + overhead - ch.plain_seconds) / 16, 1e-7);
-    struct Inc {
-      double ratio;
-      size_t i;
-      int32_t d;
-      bool operator<(const Inc& o) const { return ratio < o.ratio; }
-    };
-    std::priority_queue<Inc> heap;
-    auto push = [&](size_t i, int32_t d) {
-      if (d > candidates[i].max_depth) return;
-      const size_t k = static_cast<size_t>(d - 1);
-      heap.push(Inc{r[i][k] / (m[i][k] * slope + s[i] + 1e-9), i, d});
-    };
-    for (size_t i = 0; i < n; ++i) push(i, 1);
-    double tokens = ch.predicted_tokens, extra = 0, draft = 0;
-    double best = ch.plain_seconds > 0 ? tokens / ch.plain_seconds : 0;
-    std::vector<Inc> taken;
-    size_t best_prefix = 0;
-    double best_tokens = tokens, best_seconds = ch.plain_seconds;
-    while (!heap.empty()) {
-      const Inc inc = heap.top();
-      heap.pop();
-      const size_t k = static_cast<size_t>(inc.d - 1);
-      if (base_tokens + extra + m[inc.i][k] > max_tokens) continue;
-      tokens += r[inc.i][k];
-      extra += m[inc.i][k];
-      draft += s[inc.i];
-      taken.push_back(inc);
-      const double seconds = cost_.Predict(base_tokens + extra) + overhead + draft;
-      const double tput = seconds > 0 ? tokens / seconds : 0;
-      spdlog::trace("  take {} d{}: {:.3f} tokens, T {:.2f}, {:.3f} ms, tput {:.3f} best {:.3f}",
-                    inc.i, inc.d, tokens, base_tokens + extra, seconds * 1e3, tput, best);
-      if (tput > best * (1 + 1e-9)) {
-        best = tput;
-        best_prefix = taken.size();
-        best_tokens = tokens;
-        best_seconds = seconds;
-      }
-      push(inc.i, inc.d + 1);
-    }
-    // The model is an estimate: speculate only for a clear predicted gain, so its errors do not
-    // make speculation a loss (measured: the prediction ran 5-15% high on a busy CPU).
-    if (ch.plain_seconds > 0 && best < kMinGain * (ch.predicted_tokens / ch.plain_seconds)) {
-      best_prefix = 0;
-      best_tokens = ch.predicted_tokens;
-      best_seconds = ch.plain_seconds;
-    }
-    for (size_t t = 0; t < best_prefix; ++t)
-      ch.depth[taken[t].i] = std::max(ch.depth[taken[t].i], taken[t].d);
-    ch.predicted_tokens = best_tokens;
-    ch.predicted_seconds = best_seconds;
-  }
+  const std::vector<int32_t> taken = Allocate(r, m, s, base_tokens, max_tokens, ch);
+  for (size_t i = 0; i < n; ++i) ch.depth[i] = taken[i];
 
   // Probes: one level deeper than chosen, now and then, staggered across sequences.
   for (size_t i = 0; i < n; ++i) {
     const Candidate& c = candidates[i];
-    if (ch.depth[i] < c.max_depth &&
-        (choices_ + static_cast<int64_t>(c.id % kProbePeriod)) % kProbePeriod == 0)
-      ++ch.depth[i];
+    if (ch.depth[i] < c.max_depth && Probes(c)) ++ch.depth[i];
   }
   ++choices_;
   for (size_t i = 0; i < n; ++i)

@@ -26,6 +26,14 @@
 // requests probe too), so a speculator that failed for a while
 // can come back and t(T) keeps being measured beyond the chosen counts.
 //
+// Dynamic trees (SpecBudgetMode::kDynamic, spec/dynamic_tree.h): the controller picks a node
+// budget b_i per sequence instead of a depth (0: plain decoding), by the same greedy increments
+// with the k-th node of a tree as the increment: its expected accepted tokens are the cumulative
+// draft probability of the k-th most probable node of the sequence's recent trees (EWMA by rank)
+// times a measured ratio of accepted tokens to the trees' summed probabilities (the draft's
+// confidence, calibrated), its cost one pass token and the draft's time per node. A probe doubles
+// the budget now and then.
+//
 // Exactness: the caps are decided from past passes only, before anything is drafted, so each
 // step's tree is still a tree of its shape drawn as before; greedy output is identical to plain
 // decoding and multi-step speculative sampling stays exact (spec/verifier.h).
@@ -45,10 +53,11 @@ namespace specinfer {
 
 // How the engine decides each step's tree.
 enum class SpecBudgetMode {
-  kAuto,    // the controller caps each tree's depth to maximise throughput (default)
-  kStatic,  // every step expands the full tree shape the request asked for
+  kAuto,     // the controller caps each tree's depth to maximise throughput (default)
+  kStatic,   // every step expands the full tree shape the request asked for
+  kDynamic,  // dynamic trees (spec/dynamic_tree.h) of a node budget the controller chooses
 };
-// "auto" or "static"; false for anything else.
+// "auto", "static" or "dynamic"; false for anything else.
 bool ParseSpecBudgetMode(std::string_view text, SpecBudgetMode* mode);
 const char* SpecBudgetModeName(SpecBudgetMode mode);
 
@@ -69,6 +78,22 @@ struct AcceptanceModel {
   // One verified tree: it was drafted with cap `cap`, held `nodes_at_depth[d - 1]` nodes at
   // depth d and the LLM accepted `accepted` of them.
   void Observe(int32_t cap, std::span<const int32_t> nodes_at_depth, int32_t accepted,
+               double alpha);
+};
+
+// For dynamic trees, by rank k of the node budget (index k - 1): the cumulative draft probability
+// of a tree's k-th most probable node (0 when it had fewer) and whether it had one, when its
+// budget allowed k; and the accepted tokens against the trees' summed probabilities, whose ratio
+// turns the draft's confidence into predicted acceptance.
+struct BudgetAcceptanceModel {
+  static constexpr int32_t kMaxRanks = 64;
+  std::vector<Ewma> prob;
+  std::vector<Ewma> present;
+  Ewma predicted;  // sum of a tree's probabilities
+  Ewma accepted;   // its accepted tokens
+  // One verified tree drafted with node budget `budget`: its nodes' probabilities, largest
+  // first, and the number of tokens the LLM accepted.
+  void Observe(int32_t budget, std::span<const float> sorted_probs, int32_t accepted_tokens,
                double alpha);
 };
 
@@ -123,9 +148,13 @@ class SpecController {
     std::span<const int64_t> shape_nodes;    // nodes of its shape's full expansion per depth
     int32_t max_depth = 0;                   // deepest tree allowed now (0: cannot speculate)
     uint64_t id = 0;                         // staggers the probes across sequences
+    // Dynamic trees (ChooseBudgets): its own observations by rank, and the largest budget.
+    const BudgetAcceptanceModel* own_budget = nullptr;
+    int32_t max_nodes = 0;
   };
   struct Choice {
     std::vector<int32_t> depth;  // per candidate: the depth cap (0: plain decoding)
+    std::vector<int32_t> nodes;  // per candidate, dynamic trees: the node budget (0: plain)
     double predicted_gain = 1;   // predicted tok/s over plain decoding's
     double predicted_tokens = 0; // expected tokens emitted
     double predicted_seconds = 0;
@@ -137,6 +166,11 @@ class SpecController {
   // roots of sequences that do not speculate). `max_tokens`: the pass's token budget.
   Choice Choose(std::span<const Candidate> candidates, int32_t decoding, int32_t other_tokens,
                 int32_t max_tokens);
+
+  // The same for dynamic trees: a node budget per candidate (Choice::nodes, at most its
+  // max_nodes; Choice::depth its max_depth where the budget is positive, else 0).
+  Choice ChooseBudgets(std::span<const Candidate> candidates, int32_t decoding,
+                       int32_t other_tokens, int32_t max_tokens);
 
   // After a step planned by `choice` (null: one without decoding sequences that may
   // speculate): its pass held `tokens` tokens and took `pass_seconds`, the whole step (planning,
@@ -150,6 +184,12 @@ class SpecController {
   void ObserveTree(const std::string& key, int32_t cap, std::span<const int32_t> nodes_at_depth,
                    int32_t accepted, double draft_seconds);
 
+  // A verified dynamic tree of a sequence of speculator set `key`: node budget `budget`, its
+  // nodes' probabilities largest first, `accepted` accepted, drafted in `draft_seconds`.
+  void ObserveBudgetTree(const std::string& key, int32_t budget,
+                         std::span<const float> sorted_probs, int32_t accepted,
+                         double draft_seconds);
+
   // A calibration pass (engine/core_scheduler.h): `tokens` took `seconds`. The first of each
   // count replaces what was there (a warm-up's slow pass must not linger).
   void ObserveCalibration(int32_t tokens, double seconds) { cost_.Set(tokens, seconds); }
@@ -162,12 +202,27 @@ class SpecController {
   SpecControllerSnapshot Snapshot() const;
 
  private:
+  // The greedy increments shared by Choose and ChooseBudgets: increment k (index k - 1) of
+  // candidate i brings r[i][k - 1] expected tokens for m[i][k - 1] pass tokens and s[i] seconds
+  // of drafting, and needs increment k - 1. Sets ch.predicted_tokens / _seconds and returns the
+  // increments taken per candidate (the best prefix; none below kMinGain).
+  std::vector<int32_t> Allocate(const std::vector<std::vector<double>>& r,
+                                const std::vector<std::vector<double>>& m,
+                                const std::vector<double>& s, double base_tokens,
+                                int32_t max_tokens, Choice& ch) const;
+  // The probe clock: whether candidate `c` probes at this choice.
+  bool Probes(const Candidate& c) const {
+    return (choices_ + static_cast<int64_t>(c.id % kProbePeriod)) % kProbePeriod == 0;
+  }
+
   PassCostModel cost_;
   int64_t choices_ = 0;  // Choose calls (the probe clock)
   Ewma overhead_;  // seconds of a step beyond its pass and drafts
   bool calibrated_ = false;
   std::map<std::string, AcceptanceModel> global_;
   std::map<std::string, Ewma> draft_level_seconds_;  // per speculator set
+  std::map<std::string, BudgetAcceptanceModel> global_budget_;
+  std::map<std::string, Ewma> draft_node_seconds_;   // per speculator set, dynamic trees
   mutable std::mutex mu_;  // guards snapshot_
   SpecControllerSnapshot snapshot_;
 };

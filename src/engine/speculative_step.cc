@@ -20,20 +20,12 @@ SpeculativeStep::SpeculativeStep(KvCacheManager& kv, SeqId seq, SpeculationStats
 
 Status SpeculativeStep::OpenSessions(std::span<Speculator* const> speculators,
                                      const TreeShape& shape) {
-  const int64_t shape_nodes = shape.MaxNodes();
   shape_nodes_.clear();
   for (int64_t level = 1; int32_t w : shape.widths) {
     level = std::min<int64_t>(level * std::max(w, 0), TreeShape::kMaxNodes);
     shape_nodes_.push_back(level);
   }
-  const int64_t per_tree = std::max<int64_t>(shape_nodes, 1);
-  const size_t fit = static_cast<size_t>(std::max<int64_t>(TreeShape::kMaxNodes / per_tree, 1));
   for (Speculator* s : speculators) {
-    if (sessions_.size() == fit) {
-      spdlog::debug("speculator {} left out: {} trees of {} nodes fill the {} a sequence has room "
-                    "for", s->name(), fit, shape_nodes, TreeShape::kMaxNodes);
-      continue;
-    }
     auto session = s->StartSession();
     if (!session.ok()) {
       if (session.status().code() != StatusCode::kResourceExhausted) return session.status();
@@ -66,11 +58,40 @@ StatusOr<int32_t> SpeculativeStep::Plan(int32_t root, const DraftContext* ctx, i
   cap_ = ctx != nullptr && ctx->shape != nullptr
              ? std::max(std::min(ctx->max_depth, ctx->shape->depth()), 0)
              : 0;
-  if (ctx != nullptr && cap_ > 0) {
+  // The tree's nodes past the root: the step's budget, never more than the room a sequence is
+  // admitted with (Sequence::MaxKvBlocks), however many drafts propose.
+  const int32_t room =
+      ctx != nullptr ? std::clamp<int32_t>(ctx->max_nodes, 0, TreeShape::kMaxNodes) : 0;
+  dynamic_ = ctx != nullptr && ctx->dynamic;
+  budget_ = cap_ > 0 ? room : 0;
+  if (ctx != nullptr && cap_ > 0 && room > 0) {
     DraftContext c = *ctx;
+    int64_t shape_bound = 0;  // nodes of the shape's expansion to the depth cap
+    for (int32_t d = 0; d < cap_ && d < static_cast<int32_t>(shape_nodes_.size()); ++d)
+      shape_bound += shape_nodes_[static_cast<size_t>(d)];
     for (size_t s = 0; s < sessions_.size(); ++s) {
       c.speculator_index = static_cast<int32_t>(s);
-      StatusOr<TokenTree> t = sessions_[s]->Propose(c);
+      // Each draft in turn gets what the earlier ones left of the room: all of it for a static
+      // shape (which keeps its full expansion as long as the room allows), an even share of it
+      // for a dynamic tree (so every draft proposes; what one leaves unused goes to the next).
+      // The split is decided before the draft proposes (from the earlier drafts' trees, which do
+      // not depend on its draws) and nothing is pruned afterwards, so every trial stays what it
+      // was drawn as and sampled verification stays exact (spec/dynamic_tree.h).
+      const int32_t left = room - (tree_.size() - 1);
+      const int32_t drafts_left = static_cast<int32_t>(sessions_.size() - s);
+      c.max_nodes = dynamic_ ? (left + drafts_left - 1) / drafts_left : left;
+      DraftSession& session = *sessions_[s];
+      // A draft that does not keep to a budget (a remote SSM worker) is merged only where its
+      // shape's whole expansion fits, which is known without looking at what it proposed; else
+      // it is told to propose nothing (collecting what it may have started).
+      const bool fits = session.honors_node_budget() ? left > 0 : shape_bound <= left;
+      if (!fits) {
+        DraftContext none = c;
+        none.max_depth = 0;
+        (void)session.Propose(none);
+        continue;
+      }
+      StatusOr<TokenTree> t = session.Propose(c);
       if (!t.ok()) {
         // A draft out of room (its KV cache full) leaves this step's tree without it, like a
         // session it could not open; any other error fails the sequence.
@@ -82,10 +103,10 @@ StatusOr<int32_t> SpeculativeStep::Plan(int32_t root, const DraftContext* ctx, i
       SI_RETURN_IF_ERROR(tree_.Merge(std::move(*t)));
     }
   }
-  if (tree_.size() - 1 > TreeShape::kMaxNodes) {
+  if (tree_.size() - 1 > std::max(room, 0)) {
     return InternalError("the drafts proposed " + std::to_string(tree_.size() - 1) +
-                         " nodes, more than the " + std::to_string(TreeShape::kMaxNodes) +
-                         " a sequence has room for (a draft beyond its tree shape)");
+                         " nodes, more than the " + std::to_string(room) +
+                         " this step has room for (a draft beyond its budget or tree shape)");
   }
   draft_seconds_ = SecondsSince(d0);
   stats_.draft_seconds += draft_seconds_;
@@ -161,6 +182,10 @@ void SpeculativeStep::Record(std::span<const int32_t> accepted) {
   for (int32_t d = 0; d < tree_.max_depth(); ++d) ++stats_.proposed_at_depth[d];
   for (size_t d = 0; d < accepted.size(); ++d) ++stats_.accepted_at_depth[d];
   report_.cap = cap_;
+  report_.dynamic = dynamic_;
+  report_.budget = budget_;
+  report_.nodes = size - 1;
+  report_.probs = tree_.SortedProbs();
   report_.accepted = static_cast<int32_t>(accepted.size());
   report_.draft_seconds = draft_seconds_;
   report_.nodes_at_depth.assign(static_cast<size_t>(cap_), 0);
@@ -168,7 +193,13 @@ void SpeculativeStep::Record(std::span<const int32_t> accepted) {
     const int32_t d = tree_.node(v).depth;
     if (d <= cap_) ++report_.nodes_at_depth[static_cast<size_t>(d - 1)];
   }
-  acceptance_.Observe(cap_, report_.nodes_at_depth, report_.accepted, SpecController::kSeqAlpha);
+  if (dynamic_) {
+    budget_acceptance_.Observe(budget_, report_.probs, report_.accepted,
+                               SpecController::kSeqAlpha);
+  } else {
+    acceptance_.Observe(cap_, report_.nodes_at_depth, report_.accepted,
+                        SpecController::kSeqAlpha);
+  }
   const size_t num_spec = sessions_.size();
   for (int32_t v = 1; v < size; ++v)
     for (size_t s = 0; s < num_spec; ++s)

@@ -41,12 +41,9 @@ class SpeculativeStep {
 
   // Opens a draft session on each of `speculators`, in order; one without room for another
   // sequence (ResourceExhausted) is left out, any other error is returned. Names the ones kept
-  // in the statistics. Each session's tree holds at most `shape_nodes` nodes past the root, and
-  // their merged tree must fit the TreeShape::kMaxNodes positions a sequence is admitted with
-  // (Sequence::MaxKvBlocks): only as many sessions open as fit together at full size (at least
-  // one). Decided from the shape alone, never from what the drafts propose, so sampled
-  // verification stays exact.
-  // `shape` (its full expansion) sets shape_nodes().
+  // in the statistics. `shape` (its full expansion) sets shape_nodes(). However many drafts
+  // there are, Plan keeps their merged tree within the step's budget and the
+  // TreeShape::kMaxNodes positions a sequence is admitted with (Sequence::MaxKvBlocks).
   Status OpenSessions(std::span<Speculator* const> speculators, const TreeShape& shape);
   bool has_sessions() const { return !sessions_.empty(); }
   // The open sessions' speculator names joined by '|' (the controller's speculator set).
@@ -59,6 +56,10 @@ class SpeculativeStep {
   // nodes at depth d, and `accepted` of them were accepted.
   struct TreeReport {
     int32_t cap = 0;
+    bool dynamic = false;       // a dynamic tree (DraftContext::dynamic) of node budget `budget`
+    int32_t budget = 0;         // nodes the tree was allowed past the root (0: the root alone)
+    int32_t nodes = 0;          // nodes it had past the root
+    std::vector<float> probs;   // their cumulative draft probabilities, largest first
     std::vector<int32_t> nodes_at_depth;
     int32_t accepted = 0;
     double draft_seconds = 0;
@@ -68,13 +69,19 @@ class SpeculativeStep {
   double last_draft_seconds() const { return draft_seconds_; }
   // This sequence's own acceptance and tree sizes by depth (EWMA, SpecController::kSeqAlpha).
   const AcceptanceModel& acceptance() const { return acceptance_; }
+  // The same for dynamic trees: by rank of node budget (SpecController::ChooseBudgets).
+  const BudgetAcceptanceModel& budget_acceptance() const { return budget_acceptance_; }
 
   // Lets sessions that draft in the background (DraftSession::Begin) start on `ctx` now, so that
   // a batch's drafts overlap; Plan with the same context collects them.
   void BeginDraft(DraftContext ctx);
 
   // Drafts the tree rooted at `root` (with `ctx`; null: the root alone), reserves its KV entries
-  // after the `committed` ones, and adds it to `batch` with its logits rows in node order.
+  // after the `committed` ones, and adds it to `batch` with its logits rows in node order. The
+  // tree holds at most min(ctx->max_nodes, TreeShape::kMaxNodes) nodes past the root: the drafts
+  // propose in turn, each within what the earlier ones left (static shapes) or an even share of
+  // it (dynamic trees); a draft that ignores budgets is merged only where its shape's whole
+  // expansion fits.
   // Returns the tree's size (>= 1), which is the number of logits rows it added. A session
   // whose Propose finds no room (ResourceExhausted) proposes nothing this step; any other error
   // of a session is returned.
@@ -106,6 +113,7 @@ class SpeculativeStep {
   std::string key_;
   std::vector<int64_t> shape_nodes_;
   AcceptanceModel acceptance_;
+  BudgetAcceptanceModel budget_acceptance_;
   TreeReport report_;
 
   // The tree in flight between Plan and Verify.
@@ -114,6 +122,8 @@ class SpeculativeStep {
   std::vector<int32_t> order_, parents_, layout_of_;
   int32_t committed_ = 0;  // committed KV entries when it was planned
   int32_t cap_ = 0;        // depth cap it was drafted with
+  int32_t budget_ = 0;     // node budget it was drafted with
+  bool dynamic_ = false;   // a dynamic tree
   double draft_seconds_ = 0;
 };
 

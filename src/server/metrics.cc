@@ -192,7 +192,8 @@ std::string ServerMetrics::Render(const ServingGauges& g) const {
   Sample(&out, "specinfer_spec_controller_steps_total", "speculating=\"false\"",
          static_cast<double>(g.spec_steps - g.spec_speculating_steps));
   Header(&out, "specinfer_spec_budget_tokens", "gauge",
-         "Speculated tokens (full expansion to the chosen depths) of the last step.");
+         "Speculated tokens chosen for the last step (the shapes' nodes down to the chosen "
+         "depths, or the node budgets of dynamic trees).");
   Sample(&out, "specinfer_spec_budget_tokens", "", static_cast<double>(g.spec_budget_tokens));
   Header(&out, "specinfer_spec_budget_tokens_mean", "gauge",
          "Speculated tokens chosen per step (EWMA).");

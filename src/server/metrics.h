@@ -25,7 +25,9 @@
 //   specinfer_spec_controller_steps_total{speculating}             counter  decode steps that
 //                                                           could speculate, by whether any did
 //   specinfer_spec_budget_tokens / _mean           gauge    speculated tokens the adaptive
-//                                                           controller chose (last step / EWMA)
+//                                                           controller chose (last step / EWMA):
+//                                                           shape nodes to the chosen depths, or
+//                                                           dynamic trees' node budgets
 //   specinfer_spec_predicted_gain / measured_gain  gauge    EWMA per step of tok/s over plain
 //                                                           decoding's (predicted; measured)
 // Accepted tokens per pass = accepted_tokens_total / llm_passes_total. The specinfer_spec_*

@@ -7,6 +7,7 @@
 #include "backend/registry.h"
 #include "kv/kv_cache.h"
 #include "model/loader.h"
+#include "spec/dynamic_tree.h"
 #include "spec/ngram.h"
 #include "spec/spec_grammar.h"
 
@@ -24,6 +25,7 @@ class ModelDraftSession final : public DraftSession {
   ModelDraftSession(ModelSpeculator& owner, SeqId seq) : owner_(owner), seq_(seq) {}
   ~ModelDraftSession() override;
   StatusOr<TokenTree> Propose(const DraftContext& ctx) override;
+  bool honors_node_budget() const override { return true; }
 
  private:
   // Brings the draft's cache to tokens[0, n-1) and returns the logits after tokens[n-1].
@@ -113,38 +115,28 @@ StatusOr<TokenTree> ModelDraftSession::Propose(const DraftContext& ctx) {
   // The deepest node sits at position n - 1 + depth, which must stay inside the draft's context.
   const int32_t depth =
       std::min({ctx.shape->depth(), ctx.max_depth, c.max_seq_len - n});
-  if (depth <= 0) return tree;
+  if (depth <= 0 || ctx.max_nodes <= 0) return tree;
   const int32_t vocab = c.vocab_size;
   std::vector<float> logits(static_cast<size_t>(vocab));
   SI_RETURN_IF_ERROR(CatchUp(ctx.tokens, logits));
 
   KvCacheManager& kv = owner_.kv();
-  std::vector<int32_t> frontier = {0};      // nodes whose children come next
   std::vector<int32_t> slot_of(1, -1);      // node -> index in the masked window (root: none)
   int32_t window = 0;                       // tree entries in the cache after the n committed
-  std::vector<int32_t> fresh;
-  for (int32_t level = 0; level < depth; ++level) {
-    const int32_t k = ctx.shape->widths[static_cast<size_t>(level)];
-    fresh.clear();
-    for (size_t f = 0; f < frontier.size(); ++f) {
-      std::span<const float> row(logits.data() + f * vocab, static_cast<size_t>(vocab));
-      const int32_t before = tree.size();
-      ProposeChildren(tree, frontier[f], row, k, *ctx.sampling, *ctx.rng, ctx.speculator_index);
-      for (int32_t v = before; v < tree.size(); ++v) fresh.push_back(v);
-    }
-    if (level + 1 == depth) break;
-
-    // Run the new level: each node sees the committed tokens, its tree ancestors and itself.
-    const int32_t count = static_cast<int32_t>(fresh.size());
+  // Runs `nodes` (whose ancestors ran before): each sees the committed tokens, its tree
+  // ancestors and itself.
+  auto run = [&](const TokenTree& t, std::span<const int32_t> nodes,
+                 std::vector<float>& out) -> Status {
+    const int32_t count = static_cast<int32_t>(nodes.size());
     TreeMask mask = TreeMask::Empty(count, window + count);
     std::vector<int32_t> toks(static_cast<size_t>(count)), pos(static_cast<size_t>(count));
-    slot_of.resize(static_cast<size_t>(tree.size()), -1);
+    slot_of.resize(static_cast<size_t>(t.size()), -1);
     for (int32_t i = 0; i < count; ++i) {
-      const int32_t v = fresh[static_cast<size_t>(i)];
-      toks[static_cast<size_t>(i)] = tree.node(v).token;
-      pos[static_cast<size_t>(i)] = n - 1 + tree.node(v).depth;
+      const int32_t v = nodes[static_cast<size_t>(i)];
+      toks[static_cast<size_t>(i)] = t.node(v).token;
+      pos[static_cast<size_t>(i)] = n - 1 + t.node(v).depth;
       slot_of[static_cast<size_t>(v)] = window + i;
-      for (int32_t a = v; a > 0; a = tree.node(a).parent)
+      for (int32_t a = v; a > 0; a = t.node(a).parent)
         mask.Set(i, slot_of[static_cast<size_t>(a)]);
     }
     SI_RETURN_IF_ERROR(kv.Reserve(seq_, n + window + count));
@@ -152,12 +144,39 @@ StatusOr<TokenTree> ModelDraftSession::Propose(const DraftContext& ctx) {
     batch.AddSequence(seq_, toks, pos, n, &mask, window);
     batch.logit_rows.resize(static_cast<size_t>(count));
     std::iota(batch.logit_rows.begin(), batch.logit_rows.end(), 0);
-    logits.resize(static_cast<size_t>(count) * vocab);
-    SI_RETURN_IF_ERROR(owner_.runner().Forward(batch, kv, logits));
+    out.resize(static_cast<size_t>(count) * vocab);
+    SI_RETURN_IF_ERROR(owner_.runner().Forward(batch, kv, out));
     window += count;
+    return Status::Ok();
+  };
+  // The tree's entries are dropped at the next catch-up (they follow the committed tokens).
+  if (ctx.dynamic) {
+    DynamicTreeOptions o;
+    o.max_nodes = ctx.max_nodes;
+    o.max_depth = depth;
+    // Nodes whose cumulative probability is below 1% are hardly ever accepted; not drafting
+    // them saves their draft and LLM tokens.
+    o.min_prob = 0.01f;
+    return GrowDynamicTree(ctx.tokens.back(), logits, o, *ctx.sampling, *ctx.rng,
+                           ctx.speculator_index, run);
+  }
+
+  std::vector<int32_t> frontier = {0};      // nodes whose children come next
+  std::vector<int32_t> fresh;
+  for (int32_t level = 0; level < depth; ++level) {
+    const int32_t k = ctx.shape->widths[static_cast<size_t>(level)];
+    fresh.clear();
+    for (size_t f = 0; f < frontier.size(); ++f) {
+      std::span<const float> row(logits.data() + f * vocab, static_cast<size_t>(vocab));
+      const int32_t before = tree.size();
+      ProposeChildren(tree, frontier[f], row, k, *ctx.sampling, *ctx.rng, ctx.speculator_index,
+                      ctx.max_nodes);
+      for (int32_t v = before; v < tree.size(); ++v) fresh.push_back(v);
+    }
+    if (level + 1 == depth || fresh.empty()) break;
+    SI_RETURN_IF_ERROR(run(tree, fresh, logits));
     frontier.swap(fresh);
   }
-  // The tree's entries are dropped at the next catch-up (they follow the committed tokens).
   return tree;
 }
 
@@ -178,9 +197,14 @@ class NgramSpeculator final : public Speculator {
    public:
     explicit NgramSession(int32_t max_ngram) : max_ngram_(max_ngram) {}
     StatusOr<TokenTree> Propose(const DraftContext& ctx) override {
+      if (ctx.dynamic) {
+        return PromptLookupDynamicTree(ctx.tokens, std::min(ctx.shape->depth(), ctx.max_depth),
+                                       ctx.max_nodes, max_ngram_, ctx.speculator_index);
+      }
       return PromptLookupTree(ctx.tokens, *ctx.shape, ctx.max_depth, max_ngram_,
-                              ctx.speculator_index);
+                              ctx.speculator_index, ctx.max_nodes);
     }
+    bool honors_node_budget() const override { return true; }
 
    private:
     int32_t max_ngram_;
@@ -212,7 +236,9 @@ StatusOr<std::unique_ptr<Speculator>> CreateModelSpeculator(std::string name,
 }  // namespace
 
 void ProposeChildren(TokenTree& tree, int32_t node, std::span<const float> logits, int32_t k,
-                     const SamplingParams& sampling, Rng& rng, int32_t speculator) {
+                     const SamplingParams& sampling, Rng& rng, int32_t speculator,
+                     int32_t max_nodes) {
+  auto full = [&] { return tree.size() - 1 >= max_nodes; };
   if (sampling.greedy()) {
     std::vector<int32_t> top(logits.size());
     std::iota(top.begin(), top.end(), 0);
@@ -221,7 +247,8 @@ void ProposeChildren(TokenTree& tree, int32_t node, std::span<const float> logit
       const float la = logits[static_cast<size_t>(a)], lb = logits[static_cast<size_t>(b)];
       return la > lb || (la == lb && a < b);
     });
-    for (int32_t i = 0; i < k; ++i) tree.Propose(node, top[static_cast<size_t>(i)], speculator);
+    for (int32_t i = 0; i < k && !full(); ++i)
+      tree.Propose(node, top[static_cast<size_t>(i)], speculator);
     return;
   }
   std::vector<float> q;
@@ -229,7 +256,13 @@ void ProposeChildren(TokenTree& tree, int32_t node, std::span<const float> logit
   std::vector<int32_t> draws(static_cast<size_t>(k));
   for (int32_t& x : draws) x = SampleFromProbs(q, rng);
   const int32_t dist = tree.AddDistribution(std::move(q));
-  for (int32_t x : draws) tree.Propose(node, x, speculator, dist);
+  // Past the node budget, the draws not yet proposed are dropped: whether a draw is proposed
+  // depends on the earlier draws only, never on its own value, so each proposal stays a draw
+  // from q (spec/dynamic_tree.h).
+  for (int32_t x : draws) {
+    if (full()) break;
+    tree.Propose(node, x, speculator, dist);
+  }
 }
 
 StatusOr<std::unique_ptr<Speculator>> CreateSpeculator(std::string_view spec,

@@ -12,11 +12,14 @@
 // Model drafts expand level by level (SpecInfer's expansion-based construction): at step i every
 // frontier node gets the draft's top-k_i tokens under greedy decoding (deterministic proposals)
 // or k_i independent draws from the draft's distribution q under sampling (q recorded with each
-// proposal, for verifier.h). The draft runs incrementally on its own runner (on the backend
-// SpeculatorOptions::backend names) and KV cache, sized from the runner: each Propose
-// first brings the cache up to the sequence's committed tokens (keeping the common prefix with
-// what it holds, so rejected guesses leave nothing behind), then appends one tree level per pass
-// with a topology-aware mask.
+// proposal, for verifier.h). With DraftContext::dynamic they grow a dynamic tree instead
+// (spec/dynamic_tree.h: best-first by cumulative draft probability under a node budget), and
+// prompt lookup keeps its most confident continuations (spec/ngram.h). The draft runs
+// incrementally on its own runner (on the backend SpeculatorOptions::backend names) and KV cache,
+// sized from the runner: each Propose first brings the cache up to the sequence's committed
+// tokens (keeping the common prefix with what it holds, so rejected guesses leave nothing
+// behind), then appends one tree level (or dynamic-tree round) per pass with a topology-aware
+// mask.
 //
 // Thread safety: a Speculator's sessions are used by one thread at a time (the engine's loop).
 #pragma once
@@ -43,6 +46,13 @@ struct DraftContext {
   const SamplingParams* sampling = nullptr;
   Rng* rng = nullptr;               // draws for sampled expansion
   int32_t speculator_index = 0;     // recorded in the proposals (DraftTrial::speculator)
+  // Nodes past the root the tree may hold (the sequence's room, or this session's share of the
+  // step's budget): a static expansion stops adding nodes there (the first ones in expansion
+  // order are kept, so sampled trials stay genuine draws); a dynamic tree grows to it.
+  int32_t max_nodes = static_cast<int32_t>(TreeShape::kMaxNodes);
+  // Grow a dynamic tree (spec/dynamic_tree.h) of up to max_nodes nodes and max_depth levels
+  // instead of expanding `shape` (whose depth still bounds max_depth).
+  bool dynamic = false;
 };
 
 class DraftSession {
@@ -61,6 +71,10 @@ class DraftSession {
   // RPC), so that the drafts of every sequence in a step overlap; the Propose that follows with
   // the same context collects it. The default does nothing (Propose does all the work).
   virtual void Begin(const DraftContext& ctx) {}
+  // Whether Propose keeps to ctx.max_nodes (and grows dynamic trees when asked). A session that
+  // does not (e.g. a remote SSM worker's) returns its shape's expansion, and the engine merges
+  // it only where that whole expansion fits (speculative_step.h).
+  virtual bool honors_node_budget() const { return false; }
 
  private:
   static inline std::atomic<int64_t> live_{0};
@@ -101,7 +115,10 @@ StatusOr<std::unique_ptr<Speculator>> CreateSpeculator(std::string_view spec,
 // Expansion of one node from a draft's logits there: under greedy `sampling` its top-k tokens
 // (deterministic proposals, highest first, lower id first among equals); otherwise k independent
 // draws from q = ComputeProbs(logits, sampling), with q stored in the tree for the verifier.
+// Proposals stop once the tree holds `max_nodes` nodes past the root (decided before each
+// proposal, from the ones before it).
 void ProposeChildren(TokenTree& tree, int32_t node, std::span<const float> logits, int32_t k,
-                     const SamplingParams& sampling, Rng& rng, int32_t speculator);
+                     const SamplingParams& sampling, Rng& rng, int32_t speculator,
+                     int32_t max_nodes = static_cast<int32_t>(TreeShape::kMaxNodes));
 
 }  // namespace specinfer

@@ -8,6 +8,7 @@ namespace specinfer {
 TokenTree::TokenTree(int32_t root_token) {
   TreeNode root;
   root.token = root_token;
+  root.prob = 1.0f;  // already chosen
   nodes_.push_back(std::move(root));
 }
 
@@ -17,7 +18,8 @@ int32_t TokenTree::FindChild(int32_t parent, int32_t token) const {
   return -1;
 }
 
-int32_t TokenTree::Propose(int32_t parent, int32_t token, int32_t speculator, int32_t dist) {
+int32_t TokenTree::Propose(int32_t parent, int32_t token, int32_t speculator, int32_t dist,
+                           float prob) {
   int32_t child = FindChild(parent, token);
   if (child < 0) {
     child = size();
@@ -29,9 +31,16 @@ int32_t TokenTree::Propose(int32_t parent, int32_t token, int32_t speculator, in
     nodes_.push_back(std::move(n));
     nodes_[static_cast<size_t>(parent)].children.push_back(child);
   }
-  nodes_[static_cast<size_t>(child)].proposers |= uint64_t{1} << (speculator % kMaxSpeculators);
+  TreeNode& c = nodes_[static_cast<size_t>(child)];
+  c.proposers |= uint64_t{1} << (speculator % kMaxSpeculators);
+  c.prob = std::max(c.prob, prob);
   nodes_[static_cast<size_t>(parent)].trials.push_back({child, speculator, dist});
   return child;
+}
+
+void TokenTree::RaiseProb(int32_t node, float prob) {
+  float& p = nodes_[static_cast<size_t>(node)].prob;
+  p = std::max(p, prob);
 }
 
 int32_t TokenTree::AddDistribution(std::vector<float> q) {
@@ -51,7 +60,7 @@ Status TokenTree::Merge(TokenTree&& other) {
     for (const DraftTrial& t : other.nodes_[static_cast<size_t>(v)].trials) {
       const int32_t child =
           Propose(image[static_cast<size_t>(v)], other.node(t.child).token, t.speculator,
-                  t.dist < 0 ? -1 : dist_base + t.dist);
+                  t.dist < 0 ? -1 : dist_base + t.dist, other.node(t.child).prob);
       image[static_cast<size_t>(t.child)] = child;
     }
   }
@@ -81,6 +90,13 @@ std::vector<int32_t> TokenTree::TokensTo(int32_t v) const {
   std::vector<int32_t> out;
   for (; v > 0; v = node(v).parent) out.push_back(node(v).token);
   return {out.rbegin(), out.rend()};
+}
+
+std::vector<float> TokenTree::SortedProbs() const {
+  std::vector<float> out;
+  for (size_t v = 1; v < nodes_.size(); ++v) out.push_back(nodes_[v].prob);
+  std::sort(out.begin(), out.end(), std::greater<float>());
+  return out;
 }
 
 std::vector<std::vector<int32_t>> TokenTree::Sequences() const {

@@ -13,6 +13,11 @@
 //
 // Merging (SpecInfer §3.2) adds every proposal of another tree, so the merged tree holds exactly
 // the union of the input trees' sequences, shared prefixes once, with all their trials.
+//
+// A node may carry its proposer's confidence in it: the cumulative draft probability of its path
+// (the product of q along it; spec/dynamic_tree.h, and a fixed per-match confidence for prompt
+// lookup). It is the predicted acceptance the adaptive controller budgets trees with; it plays no
+// part in verification.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +48,7 @@ struct TreeNode {
   int32_t parent = -1;  // -1 for the root
   int32_t depth = 0;    // root 0
   uint64_t proposers = 0;          // bit s set: speculator s proposed this node
+  float prob = 0;                  // cumulative draft probability (root 1; 0: unknown)
   std::vector<int32_t> children;   // distinct children, in order of first proposal
   std::vector<DraftTrial> trials;  // proposals of children, in the order verification tries them
 };
@@ -61,9 +67,13 @@ class TokenTree {
   int32_t max_depth() const { return max_depth_; }
 
   // Records a proposal of `token` as a child of `parent` by `speculator`, drawn from draft
-  // distribution `dist` (an index from AddDistribution) or deterministic (-1). Returns the child's
+  // distribution `dist` (an index from AddDistribution) or deterministic (-1), with cumulative
+  // draft probability `prob` (0: unknown; a node keeps the largest proposed). Returns the child's
   // node index (new, or the existing child with that token).
-  int32_t Propose(int32_t parent, int32_t token, int32_t speculator, int32_t dist = -1);
+  int32_t Propose(int32_t parent, int32_t token, int32_t speculator, int32_t dist = -1,
+                  float prob = 0);
+  // Raises node's cumulative draft probability to `prob` if that is larger (no new trial).
+  void RaiseProb(int32_t node, float prob);
   // The existing child of `parent` with `token`, or -1.
   int32_t FindChild(int32_t parent, int32_t token) const;
 
@@ -82,6 +92,10 @@ class TokenTree {
 
   // Tokens from the root's first child down to `node` (empty for the root).
   std::vector<int32_t> TokensTo(int32_t node) const;
+
+  // Cumulative draft probabilities of the nodes past the root, largest first (what the adaptive
+  // controller learns from, engine/spec_controller.h).
+  std::vector<float> SortedProbs() const;
 
   // Every root-to-leaf token sequence (root excluded), in depth-first order. For tests and
   // debugging: two trees hold the same sequences iff these sets are equal.

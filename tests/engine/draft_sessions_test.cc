@@ -179,76 +179,132 @@ TEST(DraftSessions, ADraftOutOfRoomMidSequenceIsLeftOutOfTheStep) {
 
 // A speculator whose trees are the full expansion of the shape (to the depth the request has
 // left), with tokens counting up from `first`: two of them with far-apart `first` share no node.
+// Proposes its tree shape's full expansion with made-up tokens (first, first + 1, ...), at most
+// ctx.max_nodes nodes when `honors_budget` (as the local drafts do), else always the whole shape
+// (as a remote SSM worker does).
 class FullShapeSpeculator final : public Speculator {
  public:
-  FullShapeSpeculator(std::string name, int32_t first) : name_(std::move(name)), first_(first) {}
+  FullShapeSpeculator(std::string name, int32_t first, bool honors_budget = true)
+      : name_(std::move(name)), first_(first), honors_(honors_budget) {}
   const std::string& name() const override { return name_; }
   StatusOr<std::unique_ptr<DraftSession>> StartSession() override {
-    return std::unique_ptr<DraftSession>(new Session(first_));
+    return std::unique_ptr<DraftSession>(new Session(first_, honors_));
   }
 
  private:
   struct Session final : DraftSession {
-    explicit Session(int32_t first) : first(first) {}
+    Session(int32_t first, bool honors) : first(first), honors(honors) {}
     StatusOr<TokenTree> Propose(const DraftContext& ctx) override {
       TokenTree t(ctx.tokens.back());
       std::vector<int32_t> frontier{0};
       int32_t next = first;
+      const int32_t limit = honors ? ctx.max_nodes : 1 << 30;
       for (int32_t d = 0; d < std::min(ctx.shape->depth(), ctx.max_depth); ++d) {
         std::vector<int32_t> grown;
         for (int32_t parent : frontier) {
-          for (int32_t k = 0; k < ctx.shape->widths[d]; ++k)
+          for (int32_t k = 0; k < ctx.shape->widths[d] && t.size() - 1 < limit; ++k)
             grown.push_back(t.Propose(parent, next++ % 512, ctx.speculator_index));
         }
         frontier = std::move(grown);
       }
       return t;
     }
+    bool honors_node_budget() const override { return honors; }
     int32_t first;
+    bool honors;
   };
   std::string name_;
   int32_t first_;
+  bool honors_;
 };
 
-TEST(DraftSessions, MergedWideTreesStayWithinTheTreeRoomASequenceIsAdmittedWith) {
-  // Two drafts of 510-node trees (1,020 merged) against a KV cache sized for one sequence at full
-  // context plus one 512-node tree: the second draft is not opened, and the sequence gives the
-  // plain output. Before, the merged tree overran the KV cache at the first step.
+// An engine of stories260K with the two given test drafts, KV for one sequence at full context
+// plus one tree of TreeShape::kMaxNodes nodes.
+std::unique_ptr<Engine> WideDraftEngine(bool second_honors_budget) {
   EngineOptions o;
   o.model_path = testing::Stories260KModel();
   o.tokenizer_path = testing::Stories260KTokenizer();
   o.num_threads = 1;
   o.max_sequences = 1;
+  o.spec_budget = SpecBudgetMode::kStatic;
   o.speculator_factory =
-      [](std::shared_ptr<const Model>,
-         const Tokenizer&) -> StatusOr<std::vector<std::unique_ptr<Speculator>>> {
+      [second_honors_budget](
+          std::shared_ptr<const Model>,
+          const Tokenizer&) -> StatusOr<std::vector<std::unique_ptr<Speculator>>> {
     std::vector<std::unique_ptr<Speculator>> out;
     out.push_back(std::make_unique<FullShapeSpeculator>("wide-a", 1));
-    out.push_back(std::make_unique<FullShapeSpeculator>("wide-b", 256));
+    out.push_back(std::make_unique<FullShapeSpeculator>("wide-b", 256, second_honors_budget));
     return out;
   };
   auto engine = Engine::Create(o);
-  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+  return engine.ok() ? std::move(engine).value() : nullptr;
+}
+
+TEST(DraftSessions, MergedWideTreesAreCappedToTheRoomASequenceIsAdmittedWith) {
+  // Two drafts of 510-node trees (1,020 merged) near the end of the context, against a KV cache
+  // sized for one sequence at full context plus one 512-node tree. Both drafts are kept; the
+  // second proposes within what the first left, so no step's tree exceeds 512 nodes, the cache
+  // never overruns, and the output is the plain one. (Before: the merged tree overran the cache
+  // at the first step; then, the second draft was left out altogether.)
+  auto engine = WideDraftEngine(true);
+  ASSERT_TRUE(engine);
+  const int32_t context = engine->context_length();
+  const std::vector<int32_t> sentence = *engine->EncodePrompt("Once upon a time");
   GenerateRequest r;
-  r.prompt_tokens = *(*engine)->EncodePrompt("Once upon a time");
-  r.max_new_tokens = 24;
+  while (static_cast<int32_t>(r.prompt_tokens.size()) < context - 24)
+    r.prompt_tokens.push_back(sentence[r.prompt_tokens.size() % sentence.size()]);
+  r.max_new_tokens = context;  // clamped to the context's end
   r.sampling.temperature = 0;
-  auto plain = (*engine)->Generate(r);
+  auto plain = engine->Generate(r);
   ASSERT_TRUE(plain.ok()) << plain.status().ToString();
-  r.speculators = {*(*engine)->GetSpeculator("wide-a"), *(*engine)->GetSpeculator("wide-b")};
+  EXPECT_EQ(plain->finish_reason, FinishReason::kLength);
+  r.speculators = {*engine->GetSpeculator("wide-a"), *engine->GetSpeculator("wide-b")};
   r.tree_shape = *TreeShape::Parse("2,2,2,2,2,2,2,2");
   ASSERT_EQ(r.tree_shape.MaxNodes(), 510);
-  auto speculative = (*engine)->Generate(r);
+  auto speculative = engine->Generate(r);
   ASSERT_TRUE(speculative.ok()) << speculative.status().ToString();
   EXPECT_EQ(speculative->tokens, plain->tokens);
-  EXPECT_EQ(speculative->stats.spec.speculator_names, (std::vector<std::string>{"wide-a"}));
+  const SpeculationStats& sp = speculative->stats.spec;
+  EXPECT_EQ(sp.speculator_names, (std::vector<std::string>{"wide-a", "wide-b"}));
+  ASSERT_EQ(sp.proposed_by.size(), 2u);
+  EXPECT_GT(sp.proposed_by[1], 0) << "the second draft never proposed anything";
+  EXPECT_LE(sp.tree_nodes, TreeShape::kMaxNodes * speculative->stats.decode_passes);
+  EXPECT_EQ(engine->kv().used_blocks(), 0);
+}
 
-  // Shapes of at most half the room keep both.
-  r.tree_shape = *TreeShape::Parse("2,2,2,2,2,2,2");  // 254 nodes
-  auto both = (*engine)->Generate(r);
+TEST(DraftSessions, ADraftThatIgnoresBudgetsIsMergedOnlyWhereItsWholeShapeFits) {
+  // As a remote SSM worker does, the second draft returns its whole shape whatever the budget:
+  // at 510 nodes it never fits beside the first's 510 and is not merged (decided from the shape,
+  // not from what it proposed); at 254 nodes it fits.
+  auto engine = WideDraftEngine(false);
+  ASSERT_TRUE(engine);
+  GenerateRequest r;
+  r.prompt_tokens = *engine->EncodePrompt("Once upon a time");
+  r.max_new_tokens = 24;
+  r.sampling.temperature = 0;
+  auto plain = engine->Generate(r);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  r.speculators = {*engine->GetSpeculator("wide-a"), *engine->GetSpeculator("wide-b")};
+  r.tree_shape = *TreeShape::Parse("2,2,2,2,2,2,2,2");
+  // The first 8 tokens only, so that every step may go the shape's full depth (near the end of
+  // the request the depth cap shrinks the shape's expansion, and then it fits).
+  std::vector<int32_t> first;
+  auto wide = engine->Generate(r, [&](int32_t t, std::span<const float>) {
+    first.push_back(t);
+    return first.size() < 8;
+  });
+  ASSERT_TRUE(wide.ok()) << wide.status().ToString();
+  EXPECT_EQ(first, std::vector<int32_t>(plain->tokens.begin(), plain->tokens.begin() + 8));
+  ASSERT_EQ(wide->stats.spec.proposed_by.size(), 2u);
+  EXPECT_GT(wide->stats.spec.proposed_by[0], 0);
+  EXPECT_EQ(wide->stats.spec.proposed_by[1], 0);
+
+  r.tree_shape = *TreeShape::Parse("2,2,2,2,2,2,2");  // 254 nodes: both fit
+  auto both = engine->Generate(r);
   ASSERT_TRUE(both.ok()) << both.status().ToString();
   EXPECT_EQ(both->tokens, plain->tokens);
-  EXPECT_EQ(both->stats.spec.speculator_names, (std::vector<std::string>{"wide-a", "wide-b"}));
+  EXPECT_GT(both->stats.spec.proposed_by[1], 0);
 }
 
 }  // namespace

@@ -185,5 +185,95 @@ TEST(SpecBudgetMode, Parses) {
   EXPECT_STREQ(SpecBudgetModeName(SpecBudgetMode::kAuto), "auto");
 }
 
+// --- Node budgets for dynamic trees (ChooseBudgets) ---
+
+// A sequence that saw `trees` dynamic trees with node probabilities `probs` (largest first),
+// drafted with budget `budget`, each accepting `accepted` tokens.
+BudgetAcceptanceModel SeenBudget(int trees, int32_t budget, const std::vector<float>& probs,
+                                 int32_t accepted) {
+  BudgetAcceptanceModel m;
+  for (int i = 0; i < trees; ++i) m.Observe(budget, probs, accepted, SpecController::kSeqAlpha);
+  return m;
+}
+
+std::vector<SpecController::Candidate> BudgetCandidates(
+    const std::vector<BudgetAcceptanceModel>& own, const std::string& key, int32_t max_nodes) {
+  std::vector<SpecController::Candidate> cs;
+  for (size_t i = 0; i < own.size(); ++i) {
+    SpecController::Candidate c;
+    c.key = &key;
+    c.own_budget = &own[i];
+    c.max_depth = 8;
+    c.max_nodes = max_nodes;
+    c.id = 1 + 2 * i;  // never probing at the controller's first step
+    cs.push_back(c);
+  }
+  return cs;
+}
+
+TEST(SpecController, ChoosesANodeBudgetFromTheDraftsConfidence) {
+  // 20 ms per pass plus 0.1 ms per token; a confident draft (node probabilities 0.9, 0.8, ...
+  // whose trees are accepted as predicted) earns a budget of several nodes, the total budget
+  // is what the choice reports, and depth is the candidate's whole depth.
+  SpecController c;
+  WithCost(c, 0.020, 0.0001);
+  const std::string key = "ngram";
+  const std::vector<float> probs = {0.9f, 0.8f, 0.7f, 0.6f, 0.5f, 0.4f, 0.3f, 0.2f};
+  const std::vector<BudgetAcceptanceModel> own = {SeenBudget(40, 8, probs, 4)};
+  const auto cs = BudgetCandidates(own, key, 64);
+  const SpecController::Choice ch = c.ChooseBudgets(cs, 1, 0, 512);
+  ASSERT_EQ(ch.nodes.size(), 1u);
+  EXPECT_GE(ch.nodes[0], 4);
+  EXPECT_EQ(ch.depth[0], 8);
+  EXPECT_EQ(ch.budget_tokens, ch.nodes[0]);
+  EXPECT_GT(ch.predicted_gain, 1.5);
+  // What /metrics shows (specinfer_spec_budget_tokens) is that node budget.
+  c.ObserveStep(&ch, 1 + ch.nodes[0], 0.021, 0.022, 0.0, 3, 1);
+  EXPECT_EQ(c.Snapshot().budget_tokens, ch.nodes[0]);
+  EXPECT_EQ(c.Snapshot().speculating_steps, 1);
+}
+
+TEST(SpecController, ChoosesNoNodesWhenDraftsFailOrPassesAreComputeBound) {
+  const std::string key = "layers:4";
+  const std::vector<float> probs = {0.9f, 0.8f, 0.7f, 0.6f};
+  {
+    // Confident but never accepted: the calibration brings the prediction near 0, below what
+    // a token costs (a tenth of a step here).
+    SpecController c;
+    WithCost(c, 0.020, 0.002);
+    const std::vector<BudgetAcceptanceModel> own = {SeenBudget(60, 4, probs, 0)};
+    const SpecController::Choice ch = c.ChooseBudgets(BudgetCandidates(own, key, 64), 1, 0, 512);
+    EXPECT_EQ(ch.nodes[0], 0);
+    EXPECT_EQ(ch.depth[0], 0);
+    EXPECT_EQ(ch.budget_tokens, 0);
+  }
+  {
+    // Accepted, but every token costs as much as a plain step.
+    SpecController c;
+    WithCost(c, 0.0, 0.010);
+    const std::vector<BudgetAcceptanceModel> own = {SeenBudget(60, 4, probs, 2)};
+    const SpecController::Choice ch = c.ChooseBudgets(BudgetCandidates(own, key, 64), 1, 0, 512);
+    EXPECT_EQ(ch.nodes[0], 0);
+  }
+}
+
+TEST(SpecController, NodeBudgetsProbeNowAndThen) {
+  // A draft that failed gets budget 0, but within kProbePeriod choices a probe of 2 nodes.
+  SpecController c;
+  WithCost(c, 0.020, 0.0001);
+  const std::string key = "ngram";
+  const std::vector<BudgetAcceptanceModel> own = {SeenBudget(60, 4, {0.9f, 0.9f}, 0)};
+  const auto cs = BudgetCandidates(own, key, 64);
+  int probes = 0;
+  for (int i = 0; i < SpecController::kProbePeriod; ++i) {
+    const SpecController::Choice ch = c.ChooseBudgets(cs, 1, 0, 512);
+    if (ch.nodes[0] > 0) {
+      ++probes;
+      EXPECT_EQ(ch.nodes[0], 2);
+    }
+  }
+  EXPECT_EQ(probes, 1);
+}
+
 }  // namespace
 }  // namespace specinfer

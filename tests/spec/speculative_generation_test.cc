@@ -416,6 +416,82 @@ TEST(AdaptiveSpeculation, FirstAndSecondTokensFollowTheLlmAtTemperatureOne) {
   ExpectSampledTokensFollowTheLlm(s, 20000, SpecBudgetMode::kAuto);
 }
 
+// --- Dynamic trees (SpecBudgetMode::kDynamic, spec/dynamic_tree.h): trees grown by draft
+// confidence to the node budget the controller chooses; greedy output stays identical to
+// incremental decoding and sampled output keeps the LLM's distribution. ---
+
+TEST(DynamicTrees, GreedyEqualsIncrementalOnStories260K) {
+  const std::string draft = "model:" + PerturbedStories260K(0.3f);
+  auto engine = Stories({draft, "model:" + testing::Stories260KModel()}, SpecBudgetMode::kDynamic);
+  ASSERT_TRUE(engine);
+  std::vector<Case> cases;
+  for (const std::string shape : {"1,1,1,1,1,1", "2,2,2", "1,1,3,1,1,1,1,1"}) {
+    cases.push_back({"ngram", {"ngram"}, shape});
+    cases.push_back({"ngram:1", {"ngram:1"}, shape});
+    cases.push_back({"layers:2", {"layers:2"}, shape});
+    cases.push_back({"perturbed draft model", {draft}, shape});
+    cases.push_back({"itself as draft", {"model:" + testing::Stories260KModel()}, shape});
+    cases.push_back({"merged", {"ngram", draft, "layers:3"}, shape});
+  }
+  ExpectGreedyEqualsIncremental(
+      *engine, {"Once upon a time", "Lily and Ben went to the park. Lily and Ben"}, cases, 120);
+}
+
+TEST(DynamicTrees, DynamicTreesAreDraftedAndVerified) {
+  // Text that repeats itself, prompt lookup. On stories260K a tree pass costs several plain ones,
+  // so the controller mostly decodes plainly, but its probes draft dynamic trees (2 nodes, then
+  // more where they are accepted); greedy output is still the plain one.
+  auto engine = Stories({"ngram"}, SpecBudgetMode::kDynamic);
+  ASSERT_TRUE(engine);
+  GenerateRequest req;
+  req.prompt_tokens = *engine->EncodePrompt(
+      "Lily and Ben went to the park. Lily and Ben went to the park. Lily and Ben went to the "
+      "park. Lily and Ben went to the park. Lily and Ben");
+  req.max_new_tokens = 100;
+  req.sampling.temperature = 0;
+  auto plain = engine->Generate(req);
+  ASSERT_TRUE(plain.ok());
+  req.speculators = engine->speculators();
+  req.tree_shape = TreeShape::Chain(6);
+  auto r = engine->Generate(req);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->tokens, plain->tokens);
+  std::printf("  dynamic, ngram: %lld tree nodes, %lld accepted, %.2f tokens per pass\n",
+              static_cast<long long>(r->stats.spec.tree_nodes),
+              static_cast<long long>(r->stats.spec.accepted_tokens), r->stats.tokens_per_pass());
+  EXPECT_GT(r->stats.spec.tree_nodes, 0) << "no dynamic tree was drafted: nothing tested";
+}
+
+TEST(DynamicTrees, GreedyEqualsIncrementalOnSmolLM2) {
+  const std::string model = testing::DefaultModel();
+  if (model.empty()) GTEST_SKIP() << "default model absent (scripts/fetch_model.sh places it)";
+  auto engine = MakeEngine(model, "", {}, SpecBudgetMode::kDynamic);
+  ASSERT_TRUE(engine);
+  std::vector<Case> cases;
+  cases.push_back({"ngram", {"ngram"}, "1,1,1,1,1,1"});
+  cases.push_back({"layers:20", {"layers:20"}, "1,1,1,1,1,1"});
+  cases.push_back({"merged", {"ngram", "layers:24"}, "1,1,1,1"});
+  ExpectGreedyEqualsIncremental(
+      *engine,
+      {"Rewrite in plain words: The committee has decided that the meeting will be postponed "
+       "until further notice. Rewritten:"},
+      cases, 40);
+}
+
+TEST(DynamicTrees, FirstAndSecondTokensFollowTheLlmAtTemperatureOne) {
+  SamplingParams s;
+  s.temperature = 1.0f;
+  ExpectSampledTokensFollowTheLlm(s, 20000, SpecBudgetMode::kDynamic);
+}
+
+TEST(DynamicTrees, FirstAndSecondTokensFollowTheLlmWithTopKTopPAndLowTemperature) {
+  SamplingParams s;
+  s.temperature = 0.7f;
+  s.top_k = 40;
+  s.top_p = 0.9f;
+  ExpectSampledTokensFollowTheLlm(s, 20000, SpecBudgetMode::kDynamic);
+}
+
 // --- Bad settings ---
 
 TEST(SpeculationSettings, BadDraftsAreRefusedWithAClearMessage) {

@@ -118,5 +118,45 @@ TEST(PromptLookup, FallsBackToShorterNgrams) {
   EXPECT_EQ(PromptLookupTree(rep, TreeShape::Chain(4), 8, 2, 0).Sequences(), (Seqs{{4}}));
 }
 
+TEST(TokenTree, NodesKeepTheLargestProbabilityProposedAndMergeCarriesIt) {
+  TokenTree a(7), b(7);
+  EXPECT_EQ(a.node(0).prob, 1.0f);  // the root is already chosen
+  const int32_t x = a.Propose(0, 5, 0, -1, 0.25f);
+  a.Propose(x, 6, 0, -1, 0.125f);
+  const int32_t y = b.Propose(0, 5, 1, -1, 0.5f);
+  b.Propose(y, 9, 1, -1, 0.0625f);
+  ASSERT_TRUE(a.Merge(std::move(b)).ok());
+  EXPECT_EQ(a.node(x).prob, 0.5f);
+  EXPECT_EQ(a.SortedProbs(), (std::vector<float>{0.5f, 0.125f, 0.0625f}));
+  a.RaiseProb(x, 0.1f);  // lower: unchanged
+  EXPECT_EQ(a.node(x).prob, 0.5f);
+}
+
+TEST(PromptLookup, StaticTreesStopAtTheNodeBudgetInInsertionOrder) {
+  const std::vector<int32_t> toks = {5, 6, 7, 8, 9, 3, 5, 6, 7, 1, 2, 4, 5, 6, 7};
+  const TokenTree w = PromptLookupTree(toks, *TreeShape::Parse("2,1,1"), 8, 3, 0, 4);
+  EXPECT_EQ(Sorted(w.Sequences()), Sorted({{1, 2, 4}, {8}}));
+  // Nodes carry the per-match confidence: 3 matching tokens, 3/4 per token.
+  EXPECT_FLOAT_EQ(w.node(w.FindChild(0, 1)).prob, 0.75f);
+  EXPECT_EQ(PromptLookupTree(toks, *TreeShape::Parse("2,1,1"), 8, 3, 0, 0).size(), 1);
+}
+
+TEST(PromptLookup, DynamicTreesKeepTheMostConfidentNodes) {
+  // Both continuations of "5 6 7" have confidence 3/4 per token: the 4 best nodes are the first
+  // two levels of both (0.75, 0.75, 0.5625, 0.5625), whatever the shape's widths.
+  const std::vector<int32_t> toks = {5, 6, 7, 8, 9, 3, 5, 6, 7, 1, 2, 4, 5, 6, 7};
+  const TokenTree t = PromptLookupDynamicTree(toks, 3, 4, 3, 0);
+  EXPECT_EQ(Sorted(t.Sequences()), Sorted({{1, 2}, {8, 9}}));
+  EXPECT_EQ(t.SortedProbs(), (std::vector<float>{0.75f, 0.75f, 0.5625f, 0.5625f}));
+  // Depth and budget bound it; every proposal is deterministic.
+  const TokenTree d = PromptLookupDynamicTree(toks, 1, 64, 3, 0);
+  EXPECT_EQ(Sorted(d.Sequences()), Sorted({{1}, {8}}));
+  for (int32_t v = 0; v < t.size(); ++v)
+    for (const DraftTrial& tr : t.node(v).trials) EXPECT_EQ(tr.dist, -1);
+  // A one-token match is less sure (1/2 per token) than a longer one.
+  EXPECT_LT(PromptLookupConfidence(1), PromptLookupConfidence(3));
+  EXPECT_EQ(PromptLookupDynamicTree(toks, 3, 0, 3, 0).size(), 1);
+}
+
 }  // namespace
 }  // namespace specinfer

@@ -1,13 +1,14 @@
 // Token-tree verification: greedy follows the LLM's argmax; multi-step speculative sampling
 // (MSS) reproduces the LLM's distribution exactly.
 //
-// The statistical tests run the production pieces (ProposeChildren, TokenTree::Merge,
-// VerifyStochastic) on toy "models" — logits from a hash of the context over an 8-token
-// vocabulary — generating two tokens N = 200000 times per configuration, and compare the counts
-// of the first token, the second token and the pair with the exact probabilities. A cell fails
-// when it is more than 5 standard deviations off. With N = 200000 an absolute bias of 1% in a
-// token of probability 0.3 is 9.8 standard deviations, so the test catches it; two deliberately
-// wrong verifiers below show that it does.
+// The statistical tests run the production pieces (ProposeChildren, GrowDynamicTree,
+// TokenTree::Merge, VerifyStochastic) on toy "models" — logits from a hash of the context over
+// an 8-token vocabulary — generating two tokens N = 200000 times per configuration, and compare
+// the counts of the first token, the second token and the pair with the exact probabilities. A
+// cell fails when it is more than 5 standard deviations off. With N = 200000 an absolute bias of
+// 1% in a token of probability 0.3 is 9.8 standard deviations, so the test catches it; two
+// deliberately wrong verifiers below show that it does, and so does a dynamic tree pruned by its
+// sampled nodes' probabilities.
 #include "spec/verifier.h"
 
 #include <gtest/gtest.h>
@@ -17,6 +18,7 @@
 #include <functional>
 #include <map>
 
+#include "spec/dynamic_tree.h"
 #include "spec/speculator.h"
 
 namespace specinfer {
@@ -88,17 +90,97 @@ TokenTree Expand(const ToySpeculator& spec, int32_t index, const std::vector<int
   return tree;
 }
 
+// Dynamic trees (spec/dynamic_tree.h) of each speculator in turn, each within an even share of
+// what the earlier ones left of `budget` nodes, as SpeculativeStep::Plan does; `min_prob` makes
+// growth stop early (after draws whose probabilities it depends on), so later speculators'
+// shares vary.
+struct DynamicTrees {
+  int32_t budget = 0;  // 0: static trees of the shape
+  float min_prob = 0;
+  // Deliberately wrong: grow `overdraw` times the budget, then keep only the `budget` nodes of
+  // highest probability (pruning sampled proposals by their own values).
+  int32_t overdraw = 1;
+};
+
+// Keeps the `keep` nodes of highest cumulative probability (closed under parents: a child's
+// probability is at most its parent's) with the trials that lead to them.
+TokenTree PruneToMostProbable(const TokenTree& t, int32_t keep) {
+  std::vector<int32_t> order;
+  for (int32_t v = 1; v < t.size(); ++v) order.push_back(v);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return t.node(a).prob > t.node(b).prob; });
+  std::vector<bool> kept(static_cast<size_t>(t.size()), false);
+  kept[0] = true;
+  for (size_t i = 0; i < order.size() && i < static_cast<size_t>(keep); ++i)
+    kept[static_cast<size_t>(order[i])] = true;
+  TokenTree out(t.root_token());
+  std::vector<int32_t> image(static_cast<size_t>(t.size()), -1);
+  image[0] = 0;
+  std::vector<int32_t> dist_image;
+  for (int32_t v = 0; v < t.size(); ++v) {
+    if (!kept[v] || image[v] < 0) continue;
+    for (const DraftTrial& tr : t.node(v).trials) {
+      if (!kept[tr.child]) continue;
+      int32_t dist = -1;
+      if (tr.dist >= 0) {
+        const std::span<const float> q = t.distribution(tr.dist);
+        dist = out.AddDistribution(std::vector<float>(q.begin(), q.end()));
+      }
+      image[tr.child] = out.Propose(image[v], t.node(tr.child).token, tr.speculator, dist,
+                                    t.node(tr.child).prob);
+    }
+  }
+  return out;
+}
+
+TokenTree ExpandDynamic(const ToySpeculator& spec, int32_t index, const std::vector<int32_t>& ctx,
+                        int32_t depth, int32_t max_nodes, const DynamicTrees& dyn,
+                        const SamplingParams& sampling, Rng& rng) {
+  SamplingParams expansion = sampling;
+  if (spec.deterministic) expansion.temperature = 0;  // next-best tokens, deterministically
+  DynamicTreeOptions o;
+  o.max_nodes = max_nodes * dyn.overdraw;
+  o.max_depth = depth;
+  o.min_prob = dyn.min_prob;
+  const DraftRunFn run = [&](const TokenTree& t, std::span<const int32_t> nodes,
+                             std::vector<float>& logits) {
+    logits.clear();
+    for (int32_t v : nodes) {
+      std::vector<int32_t> path = ctx;
+      for (int32_t tok : t.TokensTo(v)) path.push_back(tok);
+      const std::vector<float> row = spec.logits(path);
+      logits.insert(logits.end(), row.begin(), row.end());
+    }
+    return Status::Ok();
+  };
+  auto tree = GrowDynamicTree(ctx.back(), spec.logits(ctx), o, expansion, rng, index, run);
+  EXPECT_TRUE(tree.ok());
+  if (dyn.overdraw > 1) return PruneToMostProbable(*tree, max_nodes);
+  return std::move(tree).value();
+}
+
 // Generates two tokens after `prompt` with speculation, as the generator does.
 std::pair<int32_t, int32_t> GenerateTwo(const std::vector<ToySpeculator>& specs,
                                         const TreeShape& shape, const SamplingParams& sampling,
-                                        const VerifyFn& verify, Rng& rng) {
+                                        const VerifyFn& verify, Rng& rng,
+                                        const DynamicTrees& dyn = {}) {
   std::vector<int32_t> ctx = {3};
   std::vector<int32_t> out;
   while (out.size() < 2) {
     TokenTree tree(ctx.back());
     for (size_t s = 0; s < specs.size(); ++s) {
-      EXPECT_TRUE(tree.Merge(Expand(specs[s], static_cast<int32_t>(s), ctx, shape, sampling, rng))
-                      .ok());
+      const int32_t index = static_cast<int32_t>(s);
+      if (dyn.budget > 0) {
+        const int32_t left = dyn.budget - (tree.size() - 1);
+        const int32_t share = (left + static_cast<int32_t>(specs.size() - s) - 1) /
+                              static_cast<int32_t>(specs.size() - s);
+        if (share <= 0) continue;
+        EXPECT_TRUE(tree.Merge(ExpandDynamic(specs[s], index, ctx, shape.depth(), share, dyn,
+                                             sampling, rng))
+                        .ok());
+        continue;
+      }
+      EXPECT_TRUE(tree.Merge(Expand(specs[s], index, ctx, shape, sampling, rng)).ok());
     }
     std::vector<float> logits;
     for (int32_t v = 0; v < tree.size(); ++v) {
@@ -139,7 +221,8 @@ void Check(const std::vector<double>& expect, const std::vector<int64_t>& count,
 // Runs n generations and compares the first token, the second and the pair with the LLM's own
 // probabilities under `sampling`.
 Deviation Measure(const std::vector<ToySpeculator>& specs, const TreeShape& shape,
-                  const SamplingParams& sampling, const VerifyFn& verify, int64_t n) {
+                  const SamplingParams& sampling, const VerifyFn& verify, int64_t n,
+                  const DynamicTrees& dyn = {}) {
   std::vector<float> p1, p2;
   ComputeProbs(LlmLogits(std::vector<int32_t>{3}), sampling, p1);
   std::vector<double> first(kVocab, 0), second(kVocab, 0), pair(kVocab * kVocab, 0);
@@ -154,7 +237,7 @@ Deviation Measure(const std::vector<ToySpeculator>& specs, const TreeShape& shap
   std::vector<int64_t> c1(kVocab, 0), c2(kVocab, 0), c12(kVocab * kVocab, 0);
   Rng rng(12345);
   for (int64_t i = 0; i < n; ++i) {
-    auto [a, b] = GenerateTwo(specs, shape, sampling, verify, rng);
+    auto [a, b] = GenerateTwo(specs, shape, sampling, verify, rng, dyn);
     ++c1[a];
     ++c2[b];
     ++c12[a * kVocab + b];
@@ -215,6 +298,48 @@ TEST(MultiStepSpeculativeSampling, LowTemperatureTopKAndTopPKeepTheDistribution)
     EXPECT_LT(d.max_z, 5);
     EXPECT_FALSE(d.impossible) << "a token outside top-k / top-p came out";
   }
+}
+
+// --- Dynamic trees (spec/dynamic_tree.h): grown by cumulative draft probability under a node
+// budget, several speculators in turn within what the earlier ones left. ---
+
+TEST(MultiStepSpeculativeSampling, DynamicSampledTreesKeepTheDistribution) {
+  // Budget 3, depth 2: which node gets the next draw depends on the earlier draws' values.
+  const Deviation d = Measure({{GoodDraftLogits, false}}, TreeShape::Chain(2), Temperature(1),
+                              kVerify, kSamples, DynamicTrees{3, 0});
+  EXPECT_LT(d.max_z, 5) << "output distribution differs from the LLM's";
+  EXPECT_FALSE(d.impossible);
+}
+
+TEST(MultiStepSpeculativeSampling, MergedDynamicTreesWithSharedBudgetsKeepTheDistribution) {
+  // Growth stops below probability 0.15, so each speculator's share is what the draws of the
+  // ones before it left: a sampled good draft, a sampled poor one, deterministic proposals.
+  const Deviation d =
+      Measure({{GoodDraftLogits, false}, {PoorDraftLogits, false}, {GoodDraftLogits, true}},
+              TreeShape::Chain(3), Temperature(1), kVerify, kSamples, DynamicTrees{5, 0.15f});
+  EXPECT_LT(d.max_z, 5);
+  EXPECT_FALSE(d.impossible);
+}
+
+TEST(MultiStepSpeculativeSampling, DynamicTreesUnderTopKTopPAndLowTemperature) {
+  for (const SamplingParams& s : {Temperature(0.6f), Temperature(0.7f, 5, 0.9f)}) {
+    SCOPED_TRACE("temperature " + std::to_string(s.temperature) + " top_k " +
+                 std::to_string(s.top_k) + " top_p " + std::to_string(s.top_p));
+    const Deviation d = Measure({{PoorDraftLogits, false}, {GoodDraftLogits, true}},
+                                TreeShape::Chain(2), s, kVerify, kSamples / 2,
+                                DynamicTrees{4, 0.1f});
+    EXPECT_LT(d.max_z, 5);
+    EXPECT_FALSE(d.impossible) << "a token outside top-k / top-p came out";
+  }
+}
+
+TEST(MultiStepSpeculativeSampling, TheTestCatchesSampledTreesPrunedByTheirProbabilities) {
+  // Growing more nodes than the budget and keeping the most probable ones keeps the draft's
+  // favourite draws only: the kept trials are no longer draws from their q. (Why dynamic trees
+  // never prune: spec/dynamic_tree.h.)
+  const Deviation d = Measure({{PoorDraftLogits, false}}, TreeShape::Chain(2), Temperature(1),
+                              kVerify, kSamples, DynamicTrees{2, 0, 4});
+  EXPECT_GT(d.max_z, 5) << "the statistical test did not notice pruned sampled trees";
 }
 
 // --- Deliberately wrong verifiers: the same tests must catch them. ---
