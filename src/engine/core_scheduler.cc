@@ -150,6 +150,18 @@ CoreScheduler::ScheduledStep CoreScheduler::Schedule() {
   for (auto& e : running_)
     if (e.seq->phase() == Sequence::Phase::kDecode) e.seq->BeginDraft(cap_of(e.seq.get()));
 
+  // Sequences sharing a model draft draft together: one draft pass per tree level for all.
+  if (options_.batch_drafts) {
+    std::vector<Sequence*> drafting;
+    std::vector<int32_t> caps;
+    for (auto& e : running_) {
+      if (e.seq->phase() != Sequence::Phase::kDecode || cap_of(e.seq.get()) <= 0) continue;
+      drafting.push_back(e.seq.get());
+      caps.push_back(cap_of(e.seq.get()));
+    }
+    if (drafting.size() >= 2) Sequence::DraftTogether(drafting, caps);
+  }
+
   // Every decoding sequence's tree, then prefill chunks in admission order.
   ForwardBatch& batch = step.batch;
   int32_t tokens = 0;

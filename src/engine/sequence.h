@@ -69,6 +69,11 @@ class Sequence {
   // start this step's proposals now, so that a batch's drafts overlap; PlanDecode collects them.
   // Optional; kDecode only (otherwise nothing happens). `depth_cap` as PlanDecode's.
   void BeginDraft(int32_t depth_cap = kNoDepthCap);
+  // Batched drafting: drafts this step's trees of seqs[i] (depth cap caps[i], as PlanDecode's)
+  // together, sharing the draft passes of their common model drafts
+  // (SpeculativeStep::DraftTogether); each PlanDecode with the same cap then uses its trees.
+  // Optional; sequences not decoding or with nothing to draft are skipped.
+  static void DraftTogether(std::span<Sequence* const> seqs, std::span<const int32_t> caps);
   // Drafts this step's token tree, its shape cut at depth `depth_cap` (0: the root alone, i.e.
   // plain decoding; the adaptive controller's choice, engine/spec_controller.h), and adds it to
   // `batch`; returns its size (>= 1), the number of logits rows it added. kDecode only.

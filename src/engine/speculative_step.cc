@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "engine/guarded.h"
 #include "spec/verifier.h"
 
 namespace specinfer {
@@ -42,6 +43,7 @@ Status SpeculativeStep::OpenSessions(std::span<Speculator* const> speculators,
       continue;
     }
     sessions_.push_back(std::move(*session));
+    speculators_.push_back(s);
     stats_.speculator_names.push_back(s->name());
     if (!key_.empty()) key_ += '|';
     key_ += s->name();
@@ -58,6 +60,65 @@ void SpeculativeStep::BeginDraft(DraftContext ctx) {
   }
 }
 
+void SpeculativeStep::DraftTogether(std::span<SpeculativeStep* const> steps,
+                                    std::span<const DraftContext> contexts) {
+  size_t rounds = 0;
+  for (size_t i = 0; i < steps.size() && i < contexts.size(); ++i) {
+    SpeculativeStep& st = *steps[i];
+    st.drafted_.assign(st.sessions_.size(), std::nullopt);
+    st.drafted_tokens_ = contexts[i].tokens.size();
+    st.drafted_depth_ = contexts[i].max_depth;
+    st.drafted_seconds_ = 0;
+    rounds = std::max(rounds, st.sessions_.size());
+  }
+  // Rounds by session index keep each sequence's sessions in order; in a round, one call per
+  // speculator for all sequences that have it at that index.
+  std::vector<bool> stopped(steps.size(), false);
+  for (size_t r = 0; r < rounds; ++r) {
+    std::vector<Speculator*> order;  // the round's batching speculators, first seen first
+    for (size_t i = 0; i < steps.size() && i < contexts.size(); ++i) {
+      SpeculativeStep& st = *steps[i];
+      if (stopped[i] || r >= st.sessions_.size()) continue;
+      Speculator* sp = st.speculators_[r];
+      if (!sp->batches_proposals()) {
+        // Plan proposes this one; a sampling sequence's later sessions must follow it there,
+        // so that its RNG draws keep their order.
+        if (!contexts[i].sampling->greedy()) stopped[i] = true;
+        continue;
+      }
+      if (std::find(order.begin(), order.end(), sp) == order.end()) order.push_back(sp);
+    }
+    for (Speculator* sp : order) {
+      std::vector<size_t> members;
+      std::vector<DraftSession*> sessions;
+      std::vector<DraftContext> ctxs;
+      for (size_t i = 0; i < steps.size() && i < contexts.size(); ++i) {
+        SpeculativeStep& st = *steps[i];
+        if (stopped[i] || r >= st.sessions_.size() || st.speculators_[r] != sp) continue;
+        members.push_back(i);
+        sessions.push_back(st.sessions_[r].get());
+        DraftContext c = contexts[i];
+        c.speculator_index = static_cast<int32_t>(r);
+        ctxs.push_back(c);
+      }
+      const auto t0 = Clock::now();
+      std::vector<StatusOr<TokenTree>> trees;
+      Status s = Guarded("drafting", [&] {
+        trees = sp->ProposeBatch(sessions, ctxs);
+        return Status::Ok();
+      });
+      const double share = SecondsSince(t0) / static_cast<double>(members.size());
+      for (size_t k = 0; k < members.size(); ++k) {
+        SpeculativeStep& st = *steps[members[k]];
+        if (!s.ok()) st.drafted_[r] = s;
+        else if (k < trees.size()) st.drafted_[r] = std::move(trees[k]);
+        else st.drafted_[r] = InternalError("ProposeBatch returned too few trees");
+        st.drafted_seconds_ += share;
+      }
+    }
+  }
+}
+
 StatusOr<int32_t> SpeculativeStep::Plan(int32_t root, const DraftContext* ctx, int32_t committed,
                                         ForwardBatch& batch) {
   // --- draft ---
@@ -68,9 +129,14 @@ StatusOr<int32_t> SpeculativeStep::Plan(int32_t root, const DraftContext* ctx, i
              : 0;
   if (ctx != nullptr && cap_ > 0) {
     DraftContext c = *ctx;
+    // Trees DraftTogether drafted for this very context (else they are stale: propose anew).
+    const bool batched = drafted_.size() == sessions_.size() &&
+                         drafted_tokens_ == ctx->tokens.size() && drafted_depth_ == ctx->max_depth;
     for (size_t s = 0; s < sessions_.size(); ++s) {
       c.speculator_index = static_cast<int32_t>(s);
-      StatusOr<TokenTree> t = sessions_[s]->Propose(c);
+      StatusOr<TokenTree> t = batched && drafted_[s].has_value()
+                                  ? std::move(*drafted_[s])
+                                  : sessions_[s]->Propose(c);
       if (!t.ok()) {
         // A draft out of room (its KV cache full) leaves this step's tree without it, like a
         // session it could not open; any other error fails the sequence.
@@ -87,7 +153,9 @@ StatusOr<int32_t> SpeculativeStep::Plan(int32_t root, const DraftContext* ctx, i
                          " nodes, more than the " + std::to_string(TreeShape::kMaxNodes) +
                          " a sequence has room for (a draft beyond its tree shape)");
   }
-  draft_seconds_ = SecondsSince(d0);
+  draft_seconds_ = SecondsSince(d0) + (drafted_.empty() ? 0.0 : drafted_seconds_);
+  drafted_.clear();
+  drafted_seconds_ = 0;
   stats_.draft_seconds += draft_seconds_;
 
   // --- the tree, laid out depth-first after the committed entries ---

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -73,6 +74,17 @@ class SpeculativeStep {
   // a batch's drafts overlap; Plan with the same context collects them.
   void BeginDraft(DraftContext ctx);
 
+  // Batched drafting: drafts now, for every steps[i] with contexts[i] (the context its Plan will
+  // get), the trees of its sessions whose speculator batches proposals (model drafts,
+  // Speculator::ProposeBatch), one ProposeBatch call per speculator and session index, so the
+  // draft passes of a step are shared by all sequences; each Plan then takes its trees instead
+  // of proposing alone. The trees are those Plan would draft itself, and each sequence's RNG
+  // draws keep their order: session by session, and a sequence that samples stops at its first
+  // session that does not batch (that one proposes in Plan, in order). The batch's seconds are
+  // split evenly among the sequences that took part (their draft_seconds).
+  static void DraftTogether(std::span<SpeculativeStep* const> steps,
+                            std::span<const DraftContext> contexts);
+
   // Drafts the tree rooted at `root` (with `ctx`; null: the root alone), reserves its KV entries
   // after the `committed` ones, and adds it to `batch` with its logits rows in node order.
   // Returns the tree's size (>= 1), which is the number of logits rows it added. A session
@@ -103,6 +115,13 @@ class SpeculativeStep {
   const SeqId seq_;
   SpeculationStats& stats_;
   std::vector<std::unique_ptr<DraftSession>> sessions_;  // in the request's order
+  std::vector<Speculator*> speculators_;                 // each session's
+  // Trees DraftTogether drafted for this step's Plan, per session (empty: Plan proposes), with
+  // the context size and depth cap they were drafted for and this sequence's share of the time.
+  std::vector<std::optional<StatusOr<TokenTree>>> drafted_;
+  size_t drafted_tokens_ = 0;
+  int32_t drafted_depth_ = 0;
+  double drafted_seconds_ = 0;
   std::string key_;
   std::vector<int64_t> shape_nodes_;
   AcceptanceModel acceptance_;
