@@ -281,6 +281,86 @@ TEST(SsmWorker, MalformedRequestsAreRejectedAndTheWorkerKeepsServing) {
   EXPECT_EQ(resp.results(0).outcome(), worker::SpeculateResult::RESYNC);
 }
 
+// One call with several sequences' items (drafted together, one pass per tree level) answers
+// exactly what one call per item does, over steps that send deltas; an item repeating a session
+// of the same call is served after the earlier one.
+TEST(SsmWorker, MultiItemSpeculateAnswersEqualSingleItemOnes) {
+  auto together = SsmWorkerServer::Start(WorkerOptions());
+  auto alone = SsmWorkerServer::Start(WorkerOptions());
+  ASSERT_TRUE(together.ok() && alone.ok());
+  auto stub = [](const SsmWorkerServer& w) {
+    return worker::SsmWorker::NewStub(
+        grpc::CreateChannel(Address(w), grpc::InsecureChannelCredentials()));
+  };
+  auto t_stub = stub(**together), a_stub = stub(**alone);
+  auto call = [](worker::SsmWorker::Stub& st, const worker::SpeculateRequest& req) {
+    grpc::ClientContext ctx;
+    worker::SpeculateResponse resp;
+    EXPECT_TRUE(st.Speculate(&ctx, req, &resp).ok());
+    return resp;
+  };
+  // Three sequences of different lengths, greedy and sampled, different shapes.
+  const std::vector<std::vector<int32_t>> prompts = {
+      {1, 403, 407, 261}, {1, 9, 30, 99, 250, 7, 400, 12, 18, 77, 301, 45, 3, 5, 6, 8, 11, 14, 20},
+      {1, 33}};
+  const std::vector<std::vector<int32_t>> shapes = {{2, 2, 1}, {1, 1, 1, 1}, {3, 2}};
+  std::vector<std::vector<int32_t>> tokens = prompts;
+  std::vector<uint32_t> held(prompts.size(), 0);
+  auto item_for = [&](size_t i, int step) {
+    worker::SpeculateItem item;
+    item.set_session("s" + std::to_string(i));
+    item.set_base(held[i]);
+    for (size_t t = held[i]; t < tokens[i].size(); ++t) item.add_tokens(tokens[i][t]);
+    for (int32_t w : shapes[i]) item.add_widths(w);
+    item.set_max_depth(static_cast<int32_t>(shapes[i].size()));
+    item.mutable_sampling()->set_temperature(i == 1 ? 0.0f : 0.8f);
+    item.mutable_sampling()->set_top_p(1);
+    item.set_seed(1000 + 10 * i + static_cast<uint64_t>(step));
+    item.set_speculator_index(static_cast<int32_t>(i));
+    return item;
+  };
+  for (int step = 0; step < 4; ++step) {
+    worker::SpeculateRequest many;
+    std::vector<worker::SpeculateResponse> singles;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      *many.add_items() = item_for(i, step);
+      worker::SpeculateRequest one;
+      *one.add_items() = item_for(i, step);
+      singles.push_back(call(*a_stub, one));
+    }
+    const worker::SpeculateResponse resp = call(*t_stub, many);
+    ASSERT_EQ(resp.results_size(), static_cast<int>(prompts.size()));
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ASSERT_EQ(singles[i].results_size(), 1);
+      EXPECT_EQ(resp.results(static_cast<int>(i)).outcome(), worker::SpeculateResult::OK);
+      EXPECT_GT(resp.results(static_cast<int>(i)).tree().nodes_size(), 1);
+      EXPECT_EQ(resp.results(static_cast<int>(i)).SerializeAsString(),
+                singles[i].results(0).SerializeAsString())
+          << "step " << step << " item " << i;
+      // The sequence grows by the tree's first child and a token of "the LLM".
+      held[i] = static_cast<uint32_t>(tokens[i].size());
+      tokens[i].push_back(resp.results(static_cast<int>(i)).tree().nodes(1).token());
+      tokens[i].push_back(static_cast<int32_t>(50 + 7 * step + i));
+    }
+  }
+  // A session twice in one call: the second item is a delta on the first.
+  worker::SpeculateRequest twice;
+  *twice.add_items() = item_for(0, 9);
+  held[0] = static_cast<uint32_t>(tokens[0].size());
+  tokens[0].push_back(77);
+  *twice.add_items() = item_for(0, 10);
+  *twice.add_items() = item_for(2, 10);
+  const worker::SpeculateResponse resp = call(*t_stub, twice);
+  ASSERT_EQ(resp.results_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    worker::SpeculateRequest one;
+    *one.add_items() = twice.items(i);
+    const worker::SpeculateResponse single = call(*a_stub, one);
+    EXPECT_EQ(resp.results(i).outcome(), worker::SpeculateResult::OK) << i;
+    EXPECT_EQ(resp.results(i).SerializeAsString(), single.results(0).SerializeAsString()) << i;
+  }
+}
+
 TEST(SsmWorker, WorkerWithAnotherVocabularyIsRefusedAtRegistration) {
   // The same model with one vocabulary piece changed ("<unk>" -> "<Unk>").
   std::ifstream in(testing::Stories260KTokenizer(), std::ios::binary);
