@@ -147,8 +147,21 @@ CoreScheduler::ScheduledStep CoreScheduler::Schedule() {
 
   // Speculators that work in the background (remote SSM workers) start every sequence's
   // proposal at once, so the step's drafts overlap across sequences and replicas.
-  for (auto& e : running_)
-    if (e.seq->phase() == Sequence::Phase::kDecode) e.seq->BeginDraft(cap_of(e.seq.get()));
+  // With batched drafting, one BeginBatch per speculator: remote SSM workers get one call per
+  // worker with every sequence's item.
+  if (options_.batch_drafts) {
+    std::vector<Sequence*> decoding;
+    std::vector<int32_t> caps;
+    for (auto& e : running_) {
+      if (e.seq->phase() != Sequence::Phase::kDecode) continue;
+      decoding.push_back(e.seq.get());
+      caps.push_back(cap_of(e.seq.get()));
+    }
+    Sequence::BeginTogether(decoding, caps);
+  } else {
+    for (auto& e : running_)
+      if (e.seq->phase() == Sequence::Phase::kDecode) e.seq->BeginDraft(cap_of(e.seq.get()));
+  }
 
   // Sequences sharing a model draft draft together: one draft pass per tree level for all.
   if (options_.batch_drafts) {

@@ -136,6 +136,19 @@ void Sequence::BeginDraft(int32_t depth_cap) {
   if (DraftContext ctx; DraftContextNow(depth_cap, &ctx)) step_.BeginDraft(ctx);
 }
 
+void Sequence::BeginTogether(std::span<Sequence* const> seqs, std::span<const int32_t> caps) {
+  std::vector<SpeculativeStep*> steps;
+  std::vector<DraftContext> contexts;
+  for (size_t i = 0; i < seqs.size() && i < caps.size(); ++i) {
+    Sequence& q = *seqs[i];
+    DraftContext ctx;
+    if (q.phase_ != Phase::kDecode || !q.DraftContextNow(caps[i], &ctx)) continue;
+    steps.push_back(&q.step_);
+    contexts.push_back(ctx);
+  }
+  if (!steps.empty()) SpeculativeStep::BeginTogether(steps, contexts);
+}
+
 void Sequence::DraftTogether(std::span<Sequence* const> seqs, std::span<const int32_t> caps) {
   std::vector<SpeculativeStep*> steps;
   std::vector<DraftContext> contexts;

@@ -69,6 +69,9 @@ class Sequence {
   // start this step's proposals now, so that a batch's drafts overlap; PlanDecode collects them.
   // Optional; kDecode only (otherwise nothing happens). `depth_cap` as PlanDecode's.
   void BeginDraft(int32_t depth_cap = kNoDepthCap);
+  // BeginDraft for several sequences (caps[i] for seqs[i]): sessions of one speculator begin
+  // through one Speculator::BeginBatch (SpeculativeStep::BeginTogether).
+  static void BeginTogether(std::span<Sequence* const> seqs, std::span<const int32_t> caps);
   // Batched drafting: drafts this step's trees of seqs[i] (depth cap caps[i], as PlanDecode's)
   // together, sharing the draft passes of their common model drafts
   // (SpeculativeStep::DraftTogether); each PlanDecode with the same cap then uses its trees.

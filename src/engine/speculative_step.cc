@@ -60,6 +60,34 @@ void SpeculativeStep::BeginDraft(DraftContext ctx) {
   }
 }
 
+void SpeculativeStep::BeginTogether(std::span<SpeculativeStep* const> steps,
+                                    std::span<const DraftContext> contexts) {
+  size_t rounds = 0;
+  for (size_t i = 0; i < steps.size() && i < contexts.size(); ++i)
+    rounds = std::max(rounds, steps[i]->sessions_.size());
+  for (size_t r = 0; r < rounds; ++r) {
+    std::vector<Speculator*> order;  // the round's speculators, first seen first
+    for (size_t i = 0; i < steps.size() && i < contexts.size(); ++i) {
+      if (r >= steps[i]->sessions_.size()) continue;
+      Speculator* sp = steps[i]->speculators_[r];
+      if (std::find(order.begin(), order.end(), sp) == order.end()) order.push_back(sp);
+    }
+    for (Speculator* sp : order) {
+      std::vector<DraftSession*> sessions;
+      std::vector<DraftContext> ctxs;
+      for (size_t i = 0; i < steps.size() && i < contexts.size(); ++i) {
+        SpeculativeStep& st = *steps[i];
+        if (r >= st.sessions_.size() || st.speculators_[r] != sp) continue;
+        sessions.push_back(st.sessions_[r].get());
+        DraftContext c = contexts[i];
+        c.speculator_index = static_cast<int32_t>(r);
+        ctxs.push_back(c);
+      }
+      sp->BeginBatch(sessions, ctxs);
+    }
+  }
+}
+
 void SpeculativeStep::DraftTogether(std::span<SpeculativeStep* const> steps,
                                     std::span<const DraftContext> contexts) {
   size_t rounds = 0;

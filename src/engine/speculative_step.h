@@ -82,6 +82,11 @@ class SpeculativeStep {
   // draws keep their order: session by session, and a sequence that samples stops at its first
   // session that does not batch (that one proposes in Plan, in order). The batch's seconds are
   // split evenly among the sequences that took part (their draft_seconds).
+  // BeginDraft for several sequences at once: their sessions of one speculator start through one
+  // Speculator::BeginBatch (remote SSM workers: one call per worker for all sequences), session
+  // index by session index, so each sequence's sessions begin in order as with BeginDraft.
+  static void BeginTogether(std::span<SpeculativeStep* const> steps,
+                            std::span<const DraftContext> contexts);
   static void DraftTogether(std::span<SpeculativeStep* const> steps,
                             std::span<const DraftContext> contexts);
 

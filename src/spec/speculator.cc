@@ -393,6 +393,12 @@ std::vector<StatusOr<TokenTree>> Speculator::ProposeBatch(std::span<DraftSession
   return out;
 }
 
+void Speculator::BeginBatch(std::span<DraftSession* const> sessions,
+                            std::span<const DraftContext> contexts) {
+  for (size_t i = 0; i < sessions.size() && i < contexts.size(); ++i)
+    sessions[i]->Begin(contexts[i]);
+}
+
 void ProposeChildren(TokenTree& tree, int32_t node, std::span<const float> logits, int32_t k,
                      const SamplingParams& sampling, Rng& rng, int32_t speculator) {
   if (sampling.greedy()) {

@@ -90,6 +90,11 @@ class Speculator {
   // one result per session, in order; a session of another speculator gets InvalidArgument.
   virtual std::vector<StatusOr<TokenTree>> ProposeBatch(std::span<DraftSession* const> sessions,
                                                         std::span<const DraftContext> contexts);
+  // DraftSession::Begin for several sessions of this speculator (each at most once) at once:
+  // each session's Propose with the same context then collects its tree. Remote SSM workers
+  // send one call per worker for all of them. The default calls each session's Begin in order.
+  virtual void BeginBatch(std::span<DraftSession* const> sessions,
+                          std::span<const DraftContext> contexts);
 };
 
 struct SpeculatorOptions {

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "dist/model_identity.h"
@@ -19,6 +21,7 @@
 #include "engine/engine.h"
 #include "model/loader.h"
 #include "proto/ssm_worker.grpc.pb.h"
+#include "server/grpc_listen.h"
 #include "test_util.h"
 
 namespace specinfer {
@@ -523,6 +526,99 @@ TEST(RemoteSpeculator, BatchedSequencesSpreadOverReplicasWithOutputsUnchanged) {
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], plain[i]) << prompts[i];
   EXPECT_EQ(most, (std::vector<int32_t>{2, 2})) << "sessions spread over both replicas";
   EXPECT_EQ(remote->replica_sessions(), (std::vector<int32_t>{0, 0})) << "all released";
+}
+
+// A worker's front that records how many items each Speculate call carries and forwards
+// every call to the real worker behind it.
+class RecordingProxy final : public worker::SsmWorker::Service {
+ public:
+  explicit RecordingProxy(const std::string& target)
+      : stub_(worker::SsmWorker::NewStub(
+            grpc::CreateChannel(target, grpc::InsecureChannelCredentials()))) {}
+  grpc::Status Info(grpc::ServerContext*, const worker::InfoRequest* req,
+                    worker::InfoResponse* out) override {
+    grpc::ClientContext ctx;
+    return stub_->Info(&ctx, *req, out);
+  }
+  grpc::Status Health(grpc::ServerContext*, const worker::HealthRequest* req,
+                      worker::HealthResponse* out) override {
+    grpc::ClientContext ctx;
+    return stub_->Health(&ctx, *req, out);
+  }
+  grpc::Status Speculate(grpc::ServerContext*, const worker::SpeculateRequest* req,
+                         worker::SpeculateResponse* out) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      items_.push_back(req->items_size());
+    }
+    grpc::ClientContext ctx;
+    return stub_->Speculate(&ctx, *req, out);
+  }
+  grpc::Status Release(grpc::ServerContext*, const worker::ReleaseRequest* req,
+                       worker::ReleaseResponse* out) override {
+    grpc::ClientContext ctx;
+    return stub_->Release(&ctx, *req, out);
+  }
+  std::vector<int> items() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return items_;
+  }
+
+ private:
+  std::unique_ptr<worker::SsmWorker::Stub> stub_;
+  std::mutex mu_;
+  std::vector<int> items_;  // items of each Speculate call
+};
+
+// The manager sends the items of all the sequences of a step pinned to one worker in one
+// Speculate call, and greedy outputs stay those of plain decoding.
+TEST(RemoteSpeculator, AStepsSequencesShareOneSpeculateCallPerWorker) {
+  auto w = SsmWorkerServer::Start(WorkerOptions());
+  ASSERT_TRUE(w.ok());
+  RecordingProxy proxy(Address(**w));
+  grpc::Service* const services[] = {&proxy};
+  auto bound = BindGrpcServer(services, {.address = "127.0.0.1:0"});
+  ASSERT_TRUE(bound.ok()) << bound.status().ToString();
+  RemoteSpeculator* remote = nullptr;
+  auto engine =
+      EngineWithRemote({"127.0.0.1:" + std::to_string(bound->port)}, &remote, 4);
+  ASSERT_TRUE(engine && remote);
+  const char* texts[] = {"Once upon a time", "The cat", "Lily and Ben", "One day"};
+  std::vector<GenerateRequest> reqs;
+  std::vector<std::vector<int32_t>> plain;
+  for (const char* text : texts) {
+    GenerateRequest r;
+    r.prompt_tokens = *engine->EncodePrompt(text);
+    r.max_new_tokens = 40;
+    r.sampling.temperature = 0;
+    auto g = engine->Generate(r);
+    ASSERT_TRUE(g.ok());
+    plain.push_back(g->tokens);
+    r.speculators = {remote};
+    r.tree_shape = *TreeShape::Parse("2,1,1");
+    reqs.push_back(r);
+  }
+  BatchOptions o;
+  o.max_sequences = 4;
+  o.spec_budget = SpecBudgetMode::kStatic;
+  EngineCore core(engine->runner(), engine->kv(), o);
+  std::vector<std::optional<StatusOr<GenerateResult>>> done(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto a = core.Add(reqs[i], nullptr,
+                      [&done, i](StatusOr<GenerateResult> r) { done[i] = std::move(r); });
+    ASSERT_TRUE(a.ok() && *a == EngineCore::Admission::kAdmitted);
+  }
+  for (int steps = 0; !core.idle() && steps < 1000; ++steps) core.Step();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE(done[i].has_value() && done[i]->ok()) << i;
+    EXPECT_EQ((*done[i])->tokens, plain[i]) << "sequence " << i;
+    EXPECT_GT((*done[i])->stats.spec.accepted_tokens, 0) << "sequence " << i;
+  }
+  const std::vector<int> items = proxy.items();
+  ASSERT_FALSE(items.empty());
+  EXPECT_EQ(*std::max_element(items.begin(), items.end()), 4)
+      << "the four sequences' items never shared a call";
+  bound->server->Shutdown();
 }
 
 TEST(RemoteSpeculator, ReplicaThatComesBackIsReprobedAndUsedAgain) {
