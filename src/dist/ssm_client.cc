@@ -210,7 +210,8 @@ class RemoteDraftSession final : public DraftSession {
 
   // Begin of each sessions[i] with contexts[i] (sessions of `owner`, each once): one Speculate
   // call per replica carrying the items of all its sessions, sent without waiting.
-  static void StartCalls(RemoteSpeculator::Impl& owner, std::span<RemoteDraftSession* const> sessions,
+  static void StartCalls(RemoteSpeculator::Impl& owner,
+                         std::span<RemoteDraftSession* const> sessions,
                          std::span<const DraftContext> contexts) {
     std::vector<std::shared_ptr<Call>> calls(owner.replicas.size());
     for (size_t i = 0; i < sessions.size() && i < contexts.size(); ++i) {

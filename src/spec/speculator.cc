@@ -388,7 +388,8 @@ std::vector<StatusOr<TokenTree>> Speculator::ProposeBatch(std::span<DraftSession
   out.reserve(sessions.size());
   for (size_t i = 0; i < sessions.size(); ++i) {
     if (i < contexts.size()) out.push_back(sessions[i]->Propose(contexts[i]));
-    else out.push_back(InvalidArgumentError("ProposeBatch: sessions and contexts differ in number"));
+    else
+      out.push_back(InvalidArgumentError("ProposeBatch: sessions and contexts differ in number"));
   }
   return out;
 }

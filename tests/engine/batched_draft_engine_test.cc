@@ -67,7 +67,8 @@ std::unique_ptr<Engine> MakeEngine(int32_t max_sequences) {
 }
 
 // Runs `reqs` together on an engine core; returns each one's tokens (empty on failure).
-std::vector<std::vector<int32_t>> RunTogether(Engine& engine, const std::vector<GenerateRequest>& reqs,
+std::vector<std::vector<int32_t>> RunTogether(Engine& engine,
+                                              const std::vector<GenerateRequest>& reqs,
                                               bool batch_drafts) {
   BatchOptions o;
   o.max_sequences = static_cast<int32_t>(reqs.size());
@@ -77,7 +78,8 @@ std::vector<std::vector<int32_t>> RunTogether(Engine& engine, const std::vector<
   EngineCore core(engine.runner(), engine.kv(), o);
   std::vector<std::optional<StatusOr<GenerateResult>>> done(reqs.size());
   for (size_t i = 0; i < reqs.size(); ++i) {
-    auto a = core.Add(reqs[i], nullptr, [&done, i](StatusOr<GenerateResult> r) { done[i] = std::move(r); });
+    auto a = core.Add(reqs[i], nullptr,
+                      [&done, i](StatusOr<GenerateResult> r) { done[i] = std::move(r); });
     EXPECT_TRUE(a.ok() && *a == EngineCore::Admission::kAdmitted) << i;
   }
   for (int steps = 0; !core.idle() && steps < 5000; ++steps) core.Step();
