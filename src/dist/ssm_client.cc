@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <future>
@@ -168,6 +169,7 @@ class RemoteDraftSession final : public DraftSession {
  public:
   RemoteDraftSession(RemoteSpeculator::Impl& owner, std::string key)
       : owner_(owner), key_(std::move(key)) {}
+  bool BelongsTo(const RemoteSpeculator::Impl& owner) const { return &owner_ == &owner; }
 
   ~RemoteDraftSession() override {
     if (pending_) pending_->done_future.wait();  // the call owns its buffers until it ends
@@ -191,29 +193,61 @@ class RemoteDraftSession final : public DraftSession {
   // Sends this step's Speculate call without waiting, so the calls of every sequence in a step
   // (and the replicas serving them) overlap; Propose collects the answer.
   void Begin(const DraftContext& ctx) override {
-    DropPending();
-    const int32_t max_depth = std::min(ctx.max_depth, ctx.shape->depth());
-    if (max_depth <= 0) return;
-    const uint64_t seed = ctx.sampling->greedy() ? 0 : DrawSpeculationSeed(*ctx.rng);
-    if (!Ready(ctx.tokens.size())) {
-      pending_seed_ = seed;  // Propose decodes plainly or retries with the same seed
-      has_seed_ = true;
-      return;
+    RemoteDraftSession* self = this;
+    StartCalls(owner_, std::span(&self, 1), std::span(&ctx, 1));
+  }
+
+  // The call of one step, shared by the sessions whose items it carries (one per replica).
+  struct Call {
+    grpc::ClientContext ctx;
+    worker::SpeculateRequest req;
+    worker::SpeculateResponse resp;
+    grpc::Status status;
+    std::promise<void> done;
+    std::shared_future<void> done_future;
+    int replica = -1;
+  };
+
+  // Begin of each sessions[i] with contexts[i] (sessions of `owner`, each once): one Speculate
+  // call per replica carrying the items of all its sessions, sent without waiting.
+  static void StartCalls(RemoteSpeculator::Impl& owner,
+                         std::span<RemoteDraftSession* const> sessions,
+                         std::span<const DraftContext> contexts) {
+    std::vector<std::shared_ptr<Call>> calls(owner.replicas.size());
+    for (size_t i = 0; i < sessions.size() && i < contexts.size(); ++i) {
+      RemoteDraftSession& s = *sessions[i];
+      const DraftContext& ctx = contexts[i];
+      s.DropPending();
+      const int32_t max_depth = std::min(ctx.max_depth, ctx.shape->depth());
+      if (max_depth <= 0) continue;
+      const uint64_t seed = ctx.sampling->greedy() ? 0 : DrawSpeculationSeed(*ctx.rng);
+      if (!s.Ready(ctx.tokens.size())) {
+        s.pending_seed_ = seed;  // Propose decodes plainly or retries with the same seed
+        s.has_seed_ = true;
+        continue;
+      }
+      std::shared_ptr<Call>& call = calls[static_cast<size_t>(s.replica_)];
+      if (!call) {
+        call = std::make_shared<Call>();
+        call->replica = s.replica_;
+      }
+      s.pending_item_ = call->req.items_size();
+      s.BuildRequest(ctx, max_depth, seed, &call->req);
+      s.pending_ = call;
+      s.pending_n_ = ctx.tokens.size();
+      s.pending_call_seed_ = seed;
     }
-    auto call = std::make_shared<Call>();
-    call->n = ctx.tokens.size();
-    call->seed = seed;
-    call->replica = replica_;
-    BuildRequest(ctx, max_depth, seed, &call->req);
-    call->ctx.set_deadline(Clock::now() + owner_.o.rpc_timeout);
-    call->done_future = call->done.get_future().share();
-    auto& rep = *owner_.replicas[static_cast<size_t>(replica_)];
-    rep.stub->async()->Speculate(&call->ctx, &call->req, &call->resp,
-                                 [call](grpc::Status status) {
-                                   call->status = std::move(status);
-                                   call->done.set_value();
-                                 });
-    pending_ = std::move(call);
+    for (std::shared_ptr<Call>& call : calls) {
+      if (!call) continue;
+      call->ctx.set_deadline(Clock::now() + owner.o.rpc_timeout);
+      call->done_future = call->done.get_future().share();
+      auto& rep = *owner.replicas[static_cast<size_t>(call->replica)];
+      rep.stub->async()->Speculate(&call->ctx, &call->req, &call->resp,
+                                   [call](grpc::Status status) {
+                                     call->status = std::move(status);
+                                     call->done.set_value();
+                                   });
+    }
   }
 
   StatusOr<TokenTree> Propose(const DraftContext& ctx) override {
@@ -227,12 +261,13 @@ class RemoteDraftSession final : public DraftSession {
     // Sampled expansion draws on the worker from a seed drawn here, from the request's stream
     // (once per step: in Begin when there was one).
     uint64_t seed = 0;
-    if (pending_ && pending_->n == n) {
-      seed = pending_->seed;
+    if (pending_ && pending_n_ == n) {
+      seed = pending_call_seed_;
       std::shared_ptr<Call> call = std::move(pending_);
       call->done_future.wait();
       TokenTree tree(root);
-      if (Handle(call->status, call->resp, root, max_depth, n, &tree) == Outcome::kTree)
+      if (Handle(call->status, call->resp, pending_item_, call->req.items_size(), root,
+                 max_depth, n, &tree) == Outcome::kTree)
         return tree;
     } else if (has_seed_) {
       seed = pending_seed_;
@@ -252,7 +287,7 @@ class RemoteDraftSession final : public DraftSession {
       const grpc::Status s =
           owner_.replicas[static_cast<size_t>(replica_)]->stub->Speculate(&cctx, req, &resp);
       TokenTree tree(root);
-      switch (Handle(s, resp, root, max_depth, n, &tree)) {
+      switch (Handle(s, resp, 0, 1, root, max_depth, n, &tree)) {
         case Outcome::kTree: return tree;
         case Outcome::kPlain: return TokenTree(root);
         case Outcome::kRetry: continue;
@@ -262,17 +297,6 @@ class RemoteDraftSession final : public DraftSession {
   }
 
  private:
-  struct Call {
-    grpc::ClientContext ctx;
-    worker::SpeculateRequest req;
-    worker::SpeculateResponse resp;
-    grpc::Status status;
-    std::promise<void> done;
-    std::shared_future<void> done_future;
-    size_t n = 0;
-    uint64_t seed = 0;
-    int replica = -1;
-  };
   enum class Outcome { kTree, kPlain, kRetry };
 
   // Pins the session to a live replica (resending everything after a switch). False when no
@@ -311,10 +335,10 @@ class RemoteDraftSession final : public DraftSession {
     item->set_speculator_index(ctx.speculator_index);
   }
 
-  // One answer of the pinned replica: a tree, plain decoding this step, or try again (after a
-  // RESYNC, or on another replica after a failure).
-  Outcome Handle(const grpc::Status& s, const worker::SpeculateResponse& resp, int32_t root,
-                 int32_t max_depth, size_t n, TokenTree* tree) {
+  // Item `item` of an answer of the pinned replica to a call of `items` items: a tree, plain
+  // decoding this step, or try again (after a RESYNC, or on another replica after a failure).
+  Outcome Handle(const grpc::Status& s, const worker::SpeculateResponse& resp, int item,
+                 int items, int32_t root, int32_t max_depth, size_t n, TokenTree* tree) {
     if (replica_ < 0) return Outcome::kRetry;
     const size_t r = static_cast<size_t>(replica_);
     if (!s.ok()) {
@@ -322,13 +346,13 @@ class RemoteDraftSession final : public DraftSession {
       Switch();
       return Outcome::kRetry;
     }
-    if (resp.results_size() != 1) {
+    if (resp.results_size() != items) {
       owner_.MarkDown(r, "malformed answer: " + std::to_string(resp.results_size()) +
-                             " results for 1 item");
+                             " results for " + std::to_string(items) + " items");
       Switch();
       return Outcome::kRetry;
     }
-    const auto& result = resp.results(0);
+    const auto& result = resp.results(item);
     switch (result.outcome()) {
       case worker::SpeculateResult::OK: {
         auto t = TreeFromProto(result.tree(), owner_.o.vocab_size, root, max_depth);
@@ -377,6 +401,9 @@ class RemoteDraftSession final : public DraftSession {
   size_t held_ = 0;  // committed tokens the replica's session holds
   bool plain_logged_ = false;
   std::shared_ptr<Call> pending_;  // the call Begin sent, not yet collected
+  int pending_item_ = 0;           // this session's item in it
+  size_t pending_n_ = 0;           // the committed tokens it was sent for
+  uint64_t pending_call_seed_ = 0; // the seed it carries
   uint64_t pending_seed_ = 0;      // a seed Begin drew without sending a call
   bool has_seed_ = false;
 };
@@ -444,6 +471,23 @@ StatusOr<std::unique_ptr<RemoteSpeculator>> RemoteSpeculator::Connect(
 }
 
 const std::string& RemoteSpeculator::name() const { return impl_->name; }
+
+void RemoteSpeculator::BeginBatch(std::span<DraftSession* const> sessions,
+                                  std::span<const DraftContext> contexts) {
+  std::vector<RemoteDraftSession*> own;
+  std::vector<DraftContext> own_contexts;
+  for (size_t i = 0; i < sessions.size() && i < contexts.size(); ++i) {
+    auto* r = dynamic_cast<RemoteDraftSession*>(sessions[i]);
+    if (r == nullptr || !r->BelongsTo(*impl_) ||
+        std::find(own.begin(), own.end(), r) != own.end()) {
+      sessions[i]->Begin(contexts[i]);  // not one of ours, or again: on its own
+      continue;
+    }
+    own.push_back(r);
+    own_contexts.push_back(contexts[i]);
+  }
+  RemoteDraftSession::StartCalls(*impl_, own, own_contexts);
+}
 
 StatusOr<std::unique_ptr<DraftSession>> RemoteSpeculator::StartSession() {
   const uint64_t id = impl_->next_session.fetch_add(1);

@@ -15,10 +15,11 @@
 // brings them back when they answer (and still match); live ones get a Health call then, and
 // one that does not answer is marked down before a request has to find out.
 //
-// Per step each session makes one Speculate RPC. The engine starts every sequence's call at the
-// start of a step (DraftSession::Begin, asynchronous) and collects them while planning the
-// batch, so the calls of a step overlap and the replicas work in parallel; a retry after a
-// failure is synchronous.
+// Per step each replica gets one Speculate RPC carrying the items of all the sequences pinned to
+// it (BeginBatch; the worker drafts them together, one pass per tree level). The engine starts
+// the step's calls at its start (asynchronous) and collects each sequence's item while planning
+// the batch, so the replicas work in parallel; a session begun alone (DraftSession::Begin) makes
+// its own call, and a retry after a failure is a synchronous call of its own.
 //
 // Thread safety: sessions are used by one thread at a time (the engine's loop); the replica
 // table is shared with the probe thread under a mutex.
@@ -57,6 +58,11 @@ class RemoteSpeculator final : public Speculator {
   const std::string& name() const override;
   // Never ResourceExhausted: a session without a replica decodes plainly.
   StatusOr<std::unique_ptr<DraftSession>> StartSession() override;
+  // One Speculate call per replica carrying the items of all `sessions` pinned to it (the
+  // worker drafts them together), sent without waiting; each session's Propose collects its
+  // tree. A session of another speculator, or given twice, begins on its own.
+  void BeginBatch(std::span<DraftSession* const> sessions,
+                  std::span<const DraftContext> contexts) override;
 
   std::vector<ReplicaState> replica_states() const;
   // Sessions pinned to each replica now.

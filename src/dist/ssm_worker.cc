@@ -86,8 +86,54 @@ class SsmWorkerService final : public worker::SsmWorker::Service {
     }
     std::lock_guard<std::mutex> lock(mu_);
     const auto now = Clock::now();
-    for (const auto& item : req->items()) {
+    // The items' trees come from batched proposals (Speculator::ProposeBatch: a model draft
+    // runs one pass per tree level for all of them). An item whose session is already waiting
+    // in the batch first flushes it, so a session's items are served in order, each after the
+    // tokens of the one before.
+    std::vector<Pending> pending;
+    pending.reserve(static_cast<size_t>(req->items_size()));  // contexts point into it
+    auto flush = [&] {
+      if (pending.empty()) return;
+      std::vector<DraftSession*> sessions;
+      std::vector<DraftContext> contexts;
+      for (Pending& p : pending) {
+        DraftContext ctx;
+        ctx.tokens = p.session->tokens;
+        ctx.shape = &p.shape;
+        ctx.max_depth = p.max_depth;
+        ctx.sampling = &p.sampling;
+        ctx.rng = &p.rng;
+        ctx.speculator_index = p.speculator_index;
+        sessions.push_back(p.session->session.get());
+        contexts.push_back(ctx);
+      }
+      std::vector<StatusOr<TokenTree>> trees = speculator_->ProposeBatch(sessions, contexts);
+      for (size_t k = 0; k < pending.size(); ++k) {
+        worker::SpeculateResult* result = out->mutable_results(pending[k].index);
+        const Status st = k < trees.size() ? trees[k].status()
+                                           : InternalError("ProposeBatch returned too few trees");
+        if (!st.ok()) {
+          // The session's state is unknown now: drop it (the manager resends everything).
+          spdlog::warn("{}: session '{}' failed to propose: {}", name(), pending[k].key,
+                       st.ToString());
+          sessions_.erase(pending[k].key);
+          result->set_outcome(worker::SpeculateResult::RESYNC);
+          continue;
+        }
+        result->set_outcome(worker::SpeculateResult::OK);
+        TreeToProto(*trees[k], result->mutable_tree());
+      }
+      pending.clear();
+    };
+    for (int i = 0; i < req->items_size(); ++i) {
+      const auto& item = req->items(i);
       worker::SpeculateResult* result = out->add_results();
+      for (const Pending& p : pending) {
+        if (p.key == item.session()) {
+          flush();
+          break;
+        }
+      }
       auto it = sessions_.find(item.session());
       if (it == sessions_.end()) {
         if (item.base() != 0) {
@@ -119,28 +165,12 @@ class SsmWorkerService final : public worker::SsmWorker::Service {
         continue;
       }
       s.tokens.insert(s.tokens.end(), item.tokens().begin(), item.tokens().end());
-      TreeShape shape{{item.widths().begin(), item.widths().end()}};
-      const SamplingParams sampling = SamplingFromProto(item.sampling());
-      Rng rng(item.seed());
-      DraftContext ctx;
-      ctx.tokens = s.tokens;
-      ctx.shape = &shape;
-      ctx.max_depth = item.max_depth();
-      ctx.sampling = &sampling;
-      ctx.rng = &rng;
-      ctx.speculator_index = item.speculator_index();
-      auto tree = s.session->Propose(ctx);
-      if (!tree.ok()) {
-        // The session's state is unknown now: drop it (the manager resends everything).
-        spdlog::warn("{}: session '{}' failed to propose: {}", name(), item.session(),
-                     tree.status().ToString());
-        sessions_.erase(it);
-        result->set_outcome(worker::SpeculateResult::RESYNC);
-        continue;
-      }
-      result->set_outcome(worker::SpeculateResult::OK);
-      TreeToProto(*tree, result->mutable_tree());
+      pending.push_back(Pending{item.session(), i, &s,
+                                TreeShape{{item.widths().begin(), item.widths().end()}},
+                                item.max_depth(), SamplingFromProto(item.sampling()),
+                                Rng(item.seed()), item.speculator_index()});
     }
+    flush();
     num_sessions_ = static_cast<int32_t>(sessions_.size());
     return grpc::Status::OK;
   }
@@ -169,6 +199,18 @@ class SsmWorkerService final : public worker::SsmWorker::Service {
     std::unique_ptr<DraftSession> session;
     std::vector<int32_t> tokens;  // committed tokens received so far
     Clock::time_point last_used;
+  };
+
+  // An item waiting for the batched proposal of its call.
+  struct Pending {
+    std::string key;
+    int index;         // of the item (and its result)
+    Session* session;  // sessions_ never moves its elements
+    TreeShape shape;
+    int32_t max_depth;
+    SamplingParams sampling;
+    Rng rng;
+    int32_t speculator_index;
   };
 
   // Frees idle sessions; true if there is room for one more.

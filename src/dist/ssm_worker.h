@@ -10,7 +10,9 @@
 //
 // Every request field is validated (dist/ssm_wire.h); a malformed item fails the whole call with
 // INVALID_ARGUMENT and changes no session. Speculate calls run one at a time (the speculator's
-// sessions share one runner).
+// sessions share one runner); the items of one call are drafted together
+// (Speculator::ProposeBatch: a model draft runs one pass per tree level for all of them), with
+// the trees each item would get alone.
 //
 // Logs name the worker by `label`, e.g. "ssm[1] 127.0.0.1:5102 ...".
 //

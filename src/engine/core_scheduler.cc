@@ -159,11 +159,37 @@ CoreScheduler::ScheduledStep CoreScheduler::Schedule() {
 
   // Speculators that work in the background (remote SSM workers) start every sequence's
   // proposal at once, so the step's drafts overlap across sequences and replicas.
-  for (auto& e : running_)
-    if (e.seq->phase() == Sequence::Phase::kDecode) {
-      const auto [depth, nodes] = cap_of(e.seq.get());
-      e.seq->BeginDraft(depth, nodes);
+  // With batched drafting, one BeginBatch per speculator: remote SSM workers get one call per
+  // worker with every sequence's item.
+  if (options_.batch_drafts) {
+    std::vector<Sequence*> decoding;
+    std::vector<Sequence::DraftCap> caps;
+    for (auto& e : running_) {
+      if (e.seq->phase() != Sequence::Phase::kDecode) continue;
+      decoding.push_back(e.seq.get());
+      caps.push_back(cap_of(e.seq.get()));
     }
+    Sequence::BeginTogether(decoding, caps);
+  } else {
+    for (auto& e : running_)
+      if (e.seq->phase() == Sequence::Phase::kDecode) {
+        const auto [depth, nodes] = cap_of(e.seq.get());
+        e.seq->BeginDraft(depth, nodes);
+      }
+  }
+
+  // Sequences sharing a model draft draft together: one draft pass per tree level for all.
+  if (options_.batch_drafts) {
+    std::vector<Sequence*> drafting;
+    std::vector<Sequence::DraftCap> caps;
+    for (auto& e : running_) {
+      const Sequence::DraftCap c = cap_of(e.seq.get());
+      if (e.seq->phase() != Sequence::Phase::kDecode || c.first <= 0 || c.second == 0) continue;
+      drafting.push_back(e.seq.get());
+      caps.push_back(c);
+    }
+    if (drafting.size() >= 2) Sequence::DraftTogether(drafting, caps);
+  }
 
   // Every decoding sequence's tree, then prefill chunks in admission order.
   ForwardBatch& batch = step.batch;

@@ -63,6 +63,10 @@ struct BatchOptions {
   // How deep each step's trees go: kAuto lets the SpecController (engine/spec_controller.h)
   // choose per step and sequence, kStatic always expands the request's full tree shape.
   SpecBudgetMode spec_budget = SpecBudgetMode::kAuto;
+  // Batched drafting: when several decoding sequences share a model draft in a step, it runs one
+  // pass per tree level for all of them (SpeculativeStep::DraftTogether) instead of one pass per
+  // level per sequence. Same trees either way; off only to compare.
+  bool batch_drafts = true;
   // The controller to use (e.g. one an Engine keeps across its Generate calls, so its cost
   // model is calibrated once); null: the scheduler's own.
   std::shared_ptr<SpecController> controller;

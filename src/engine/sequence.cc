@@ -139,6 +139,33 @@ void Sequence::BeginDraft(int32_t depth_cap, int32_t dynamic_nodes) {
   if (DraftContext ctx; DraftContextNow(depth_cap, dynamic_nodes, &ctx)) step_.BeginDraft(ctx);
 }
 
+void Sequence::DraftContexts(std::span<Sequence* const> seqs, std::span<const DraftCap> caps,
+                             std::vector<SpeculativeStep*>* steps,
+                             std::vector<DraftContext>* contexts) {
+  for (size_t i = 0; i < seqs.size() && i < caps.size(); ++i) {
+    Sequence& q = *seqs[i];
+    DraftContext ctx;
+    if (q.phase_ != Phase::kDecode || !q.DraftContextNow(caps[i].first, caps[i].second, &ctx))
+      continue;
+    steps->push_back(&q.step_);
+    contexts->push_back(ctx);
+  }
+}
+
+void Sequence::BeginTogether(std::span<Sequence* const> seqs, std::span<const DraftCap> caps) {
+  std::vector<SpeculativeStep*> steps;
+  std::vector<DraftContext> contexts;
+  DraftContexts(seqs, caps, &steps, &contexts);
+  if (!steps.empty()) SpeculativeStep::BeginTogether(steps, contexts);
+}
+
+void Sequence::DraftTogether(std::span<Sequence* const> seqs, std::span<const DraftCap> caps) {
+  std::vector<SpeculativeStep*> steps;
+  std::vector<DraftContext> contexts;
+  DraftContexts(seqs, caps, &steps, &contexts);
+  if (!steps.empty()) SpeculativeStep::DraftTogether(steps, contexts);
+}
+
 StatusOr<int32_t> Sequence::PlanDecode(ForwardBatch& batch, int32_t depth_cap,
                                        int32_t dynamic_nodes) {
   if (phase_ != Phase::kDecode) return FailedPreconditionError("sequence is not decoding");

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -69,6 +70,17 @@ class Sequence {
   // start this step's proposals now, so that a batch's drafts overlap; PlanDecode collects them.
   // Optional; kDecode only (otherwise nothing happens). `depth_cap` as PlanDecode's.
   void BeginDraft(int32_t depth_cap = kNoDepthCap, int32_t dynamic_nodes = kStaticTree);
+  // A step's draft limits for one sequence: {depth cap, dynamic node budget or kStaticTree}, as
+  // BeginDraft and PlanDecode take them.
+  using DraftCap = std::pair<int32_t, int32_t>;
+  // BeginDraft for several sequences (caps[i] for seqs[i]): sessions of one speculator begin
+  // through one Speculator::BeginBatch (SpeculativeStep::BeginTogether).
+  static void BeginTogether(std::span<Sequence* const> seqs, std::span<const DraftCap> caps);
+  // Batched drafting: drafts this step's trees of seqs[i] (limits caps[i], as PlanDecode's)
+  // together, sharing the draft passes of their common model drafts
+  // (SpeculativeStep::DraftTogether); each PlanDecode with the same limits then uses its trees.
+  // Optional; sequences not decoding or with nothing to draft are skipped.
+  static void DraftTogether(std::span<Sequence* const> seqs, std::span<const DraftCap> caps);
   // Drafts this step's token tree, its shape cut at depth `depth_cap` (0: the root alone, i.e.
   // plain decoding; the adaptive controller's choice, engine/spec_controller.h), and adds it to
   // `batch`; returns its size (>= 1), the number of logits rows it added. kDecode only.
@@ -105,6 +117,10 @@ class Sequence {
 
  private:
   // This step's drafting context; false when there is nothing to draft.
+  // The draft contexts of those of `seqs` that draft this step with limits `caps`.
+  static void DraftContexts(std::span<Sequence* const> seqs, std::span<const DraftCap> caps,
+                            std::vector<SpeculativeStep*>* steps,
+                            std::vector<DraftContext>* contexts);
   bool DraftContextNow(int32_t depth_cap, int32_t dynamic_nodes, DraftContext* ctx);
 
   Sequence(GenerateRequest request, TokenCallback on_token, const ModelConfig& config,

@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "engine/guarded.h"
 #include "spec/verifier.h"
 
 namespace specinfer {
@@ -34,6 +35,7 @@ Status SpeculativeStep::OpenSessions(std::span<Speculator* const> speculators,
       continue;
     }
     sessions_.push_back(std::move(*session));
+    speculators_.push_back(s);
     stats_.speculator_names.push_back(s->name());
     if (!key_.empty()) key_ += '|';
     key_ += s->name();
@@ -48,6 +50,137 @@ void SpeculativeStep::BeginDraft(DraftContext ctx) {
     ctx.speculator_index = static_cast<int32_t>(s);
     sessions_[s]->Begin(ctx);
   }
+}
+
+void SpeculativeStep::BeginTogether(std::span<SpeculativeStep* const> steps,
+                                    std::span<const DraftContext> contexts) {
+  size_t rounds = 0;
+  for (size_t i = 0; i < steps.size() && i < contexts.size(); ++i)
+    rounds = std::max(rounds, steps[i]->sessions_.size());
+  for (size_t r = 0; r < rounds; ++r) {
+    std::vector<Speculator*> order;  // the round's speculators, first seen first
+    for (size_t i = 0; i < steps.size() && i < contexts.size(); ++i) {
+      if (r >= steps[i]->sessions_.size()) continue;
+      Speculator* sp = steps[i]->speculators_[r];
+      if (std::find(order.begin(), order.end(), sp) == order.end()) order.push_back(sp);
+    }
+    for (Speculator* sp : order) {
+      std::vector<DraftSession*> sessions;
+      std::vector<DraftContext> ctxs;
+      for (size_t i = 0; i < steps.size() && i < contexts.size(); ++i) {
+        SpeculativeStep& st = *steps[i];
+        if (r >= st.sessions_.size() || st.speculators_[r] != sp) continue;
+        sessions.push_back(st.sessions_[r].get());
+        DraftContext c = contexts[i];
+        c.speculator_index = static_cast<int32_t>(r);
+        ctxs.push_back(c);
+      }
+      sp->BeginBatch(sessions, ctxs);
+    }
+  }
+}
+
+void SpeculativeStep::DraftTogether(std::span<SpeculativeStep* const> steps,
+                                    std::span<const DraftContext> contexts) {
+  size_t rounds = 0;
+  // Each sequence's tree as Plan will merge it, so that every draft gets the node budget Plan
+  // would give it (SessionContext: what the earlier drafts left).
+  std::vector<TokenTree> merged;
+  for (size_t i = 0; i < steps.size() && i < contexts.size(); ++i) {
+    SpeculativeStep& st = *steps[i];
+    st.drafted_.assign(st.sessions_.size(), std::nullopt);
+    st.drafted_budget_.assign(st.sessions_.size(), -1);
+    st.drafted_tokens_ = contexts[i].tokens.size();
+    st.drafted_depth_ = contexts[i].max_depth;
+    st.drafted_nodes_ = contexts[i].max_nodes;
+    st.drafted_dynamic_ = contexts[i].dynamic;
+    st.drafted_seconds_ = 0;
+    merged.emplace_back(contexts[i].tokens.back());
+    rounds = std::max(rounds, st.sessions_.size());
+  }
+  // Rounds by session index keep each sequence's sessions in order; in a round, one call per
+  // speculator for all sequences that have it at that index.
+  std::vector<bool> stopped(steps.size(), false);
+  for (size_t r = 0; r < rounds; ++r) {
+    std::vector<Speculator*> order;  // the round's batching speculators, first seen first
+    std::vector<DraftContext> ctx_of(steps.size());
+    for (size_t i = 0; i < steps.size() && i < contexts.size(); ++i) {
+      SpeculativeStep& st = *steps[i];
+      if (stopped[i] || r >= st.sessions_.size()) continue;
+      Speculator* sp = st.speculators_[r];
+      bool fits = false;
+      ctx_of[i] = st.SessionContext(contexts[i], r, merged[i], &fits);
+      if (!sp->batches_proposals() || !fits) {
+        // Plan proposes this one (or tells it to propose nothing); a sampling sequence's later
+        // sessions must follow it there, so that its RNG draws keep their order. A greedy
+        // one's go on: Plan checks that each later draft's budget came out as drafted here
+        // (this tree is missing from `merged`), and proposes anew where it did not.
+        if (!contexts[i].sampling->greedy()) stopped[i] = true;
+        continue;
+      }
+      if (std::find(order.begin(), order.end(), sp) == order.end()) order.push_back(sp);
+    }
+    for (Speculator* sp : order) {
+      std::vector<size_t> members;
+      std::vector<DraftSession*> sessions;
+      std::vector<DraftContext> ctxs;
+      for (size_t i = 0; i < steps.size() && i < contexts.size(); ++i) {
+        SpeculativeStep& st = *steps[i];
+        if (stopped[i] || r >= st.sessions_.size() || st.speculators_[r] != sp) continue;
+        bool fits = false;
+        (void)st.SessionContext(contexts[i], r, merged[i], &fits);
+        if (!fits) continue;
+        members.push_back(i);
+        sessions.push_back(st.sessions_[r].get());
+        ctxs.push_back(ctx_of[i]);
+      }
+      const auto t0 = Clock::now();
+      std::vector<StatusOr<TokenTree>> trees;
+      Status s = Guarded("drafting", [&] {
+        trees = sp->ProposeBatch(sessions, ctxs);
+        return Status::Ok();
+      });
+      const double share = SecondsSince(t0) / static_cast<double>(members.size());
+      for (size_t k = 0; k < members.size(); ++k) {
+        const size_t i = members[k];
+        SpeculativeStep& st = *steps[i];
+        if (!s.ok()) st.drafted_[r] = s;
+        else if (k < trees.size()) st.drafted_[r] = std::move(trees[k]);
+        else st.drafted_[r] = InternalError("ProposeBatch returned too few trees");
+        st.drafted_budget_[r] = ctx_of[i].max_nodes;
+        st.drafted_seconds_ += share;
+        // Merged as Plan will: a failed draft adds nothing (Plan skips or fails on it).
+        if (st.drafted_[r]->ok() && !merged[i].Merge(TokenTree(**st.drafted_[r])).ok())
+          stopped[i] = true;
+      }
+    }
+  }
+}
+
+DraftContext SpeculativeStep::SessionContext(const DraftContext& ctx, size_t s,
+                                             const TokenTree& merged, bool* fits) const {
+  // The tree's nodes past the root: the step's budget, never more than the room a sequence is
+  // admitted with (Sequence::MaxKvBlocks), however many drafts propose.
+  const int32_t room = std::clamp<int32_t>(ctx.max_nodes, 0, TreeShape::kMaxNodes);
+  const int32_t cap = std::max(std::min(ctx.max_depth, ctx.shape->depth()), 0);
+  int64_t shape_bound = 0;  // nodes of the shape's expansion to the depth cap
+  for (int32_t d = 0; d < cap && d < static_cast<int32_t>(shape_nodes_.size()); ++d)
+    shape_bound += shape_nodes_[static_cast<size_t>(d)];
+  DraftContext c = ctx;
+  c.speculator_index = static_cast<int32_t>(s);
+  // Each draft in turn gets what the earlier ones left of the room: all of it for a static
+  // shape (which keeps its full expansion as long as the room allows), an even share of it for
+  // a dynamic tree (so every draft proposes; what one leaves unused goes to the next). The
+  // split is decided before the draft proposes (from the earlier drafts' trees, which do not
+  // depend on its draws) and nothing is pruned afterwards, so every trial stays what it was
+  // drawn as and sampled verification stays exact (spec/dynamic_tree.h).
+  const int32_t left = room - (merged.size() - 1);
+  const int32_t drafts_left = static_cast<int32_t>(sessions_.size() - s);
+  c.max_nodes = ctx.dynamic ? (left + drafts_left - 1) / drafts_left : left;
+  // A draft that does not keep to a budget (a remote SSM worker) is merged only where its
+  // shape's whole expansion fits, which is known without looking at what it proposed.
+  *fits = sessions_[s]->honors_node_budget() ? left > 0 : shape_bound <= left;
+  return c;
 }
 
 StatusOr<int32_t> SpeculativeStep::Plan(int32_t root, const DraftContext* ctx, int32_t committed,
@@ -66,32 +199,23 @@ StatusOr<int32_t> SpeculativeStep::Plan(int32_t root, const DraftContext* ctx, i
   budget_ = cap_ > 0 ? room : 0;
   if (ctx != nullptr && cap_ > 0 && room > 0) {
     DraftContext c = *ctx;
-    int64_t shape_bound = 0;  // nodes of the shape's expansion to the depth cap
-    for (int32_t d = 0; d < cap_ && d < static_cast<int32_t>(shape_nodes_.size()); ++d)
-      shape_bound += shape_nodes_[static_cast<size_t>(d)];
+    // Trees DraftTogether drafted for this very context (else they are stale: propose anew).
+    const bool batched = drafted_.size() == sessions_.size() &&
+                         drafted_tokens_ == ctx->tokens.size() &&
+                         drafted_depth_ == ctx->max_depth && drafted_nodes_ == ctx->max_nodes &&
+                         drafted_dynamic_ == ctx->dynamic;
     for (size_t s = 0; s < sessions_.size(); ++s) {
-      c.speculator_index = static_cast<int32_t>(s);
-      // Each draft in turn gets what the earlier ones left of the room: all of it for a static
-      // shape (which keeps its full expansion as long as the room allows), an even share of it
-      // for a dynamic tree (so every draft proposes; what one leaves unused goes to the next).
-      // The split is decided before the draft proposes (from the earlier drafts' trees, which do
-      // not depend on its draws) and nothing is pruned afterwards, so every trial stays what it
-      // was drawn as and sampled verification stays exact (spec/dynamic_tree.h).
-      const int32_t left = room - (tree_.size() - 1);
-      const int32_t drafts_left = static_cast<int32_t>(sessions_.size() - s);
-      c.max_nodes = dynamic_ ? (left + drafts_left - 1) / drafts_left : left;
+      bool fits = false;
+      c = SessionContext(*ctx, s, tree_, &fits);
       DraftSession& session = *sessions_[s];
-      // A draft that does not keep to a budget (a remote SSM worker) is merged only where its
-      // shape's whole expansion fits, which is known without looking at what it proposed; else
-      // it is told to propose nothing (collecting what it may have started).
-      const bool fits = session.honors_node_budget() ? left > 0 : shape_bound <= left;
       if (!fits) {
         DraftContext none = c;
         none.max_depth = 0;
         (void)session.Propose(none);
         continue;
       }
-      StatusOr<TokenTree> t = session.Propose(c);
+      const bool ready = batched && drafted_[s].has_value() && drafted_budget_[s] == c.max_nodes;
+      StatusOr<TokenTree> t = ready ? std::move(*drafted_[s]) : session.Propose(c);
       if (!t.ok()) {
         // A draft out of room (its KV cache full) leaves this step's tree without it, like a
         // session it could not open; any other error fails the sequence.
@@ -108,7 +232,9 @@ StatusOr<int32_t> SpeculativeStep::Plan(int32_t root, const DraftContext* ctx, i
                          " nodes, more than the " + std::to_string(room) +
                          " this step has room for (a draft beyond its budget or tree shape)");
   }
-  draft_seconds_ = SecondsSince(d0);
+  draft_seconds_ = SecondsSince(d0) + (drafted_.empty() ? 0.0 : drafted_seconds_);
+  drafted_.clear();
+  drafted_seconds_ = 0;
   stats_.draft_seconds += draft_seconds_;
 
   // --- the tree, laid out depth-first after the committed entries ---

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -76,6 +77,23 @@ class SpeculativeStep {
   // a batch's drafts overlap; Plan with the same context collects them.
   void BeginDraft(DraftContext ctx);
 
+  // BeginDraft for several sequences at once: their sessions of one speculator start through one
+  // Speculator::BeginBatch (remote SSM workers: one call per worker for all sequences), session
+  // index by session index, so each sequence's sessions begin in order as with BeginDraft.
+  static void BeginTogether(std::span<SpeculativeStep* const> steps,
+                            std::span<const DraftContext> contexts);
+  // Batched drafting: drafts now, for every steps[i] with contexts[i] (the context its Plan will
+  // get), the trees of its sessions whose speculator batches proposals (model drafts,
+  // Speculator::ProposeBatch), one ProposeBatch call per speculator and session index, so the
+  // draft passes of a step are shared by all sequences; each Plan then takes its trees instead
+  // of proposing alone. The trees are those Plan would draft itself (each draft given the node
+  // budget Plan would give it, checked again there), and each sequence's RNG
+  // draws keep their order: session by session, and a sequence that samples stops at its first
+  // session that does not batch (that one proposes in Plan, in order). The batch's seconds are
+  // split evenly among the sequences that took part (their draft_seconds).
+  static void DraftTogether(std::span<SpeculativeStep* const> steps,
+                            std::span<const DraftContext> contexts);
+
   // Drafts the tree rooted at `root` (with `ctx`; null: the root alone), reserves its KV entries
   // after the `committed` ones, and adds it to `batch` with its logits rows in node order. The
   // tree holds at most min(ctx->max_nodes, TreeShape::kMaxNodes) nodes past the root: the drafts
@@ -103,6 +121,10 @@ class SpeculativeStep {
                            const SamplingParams& sampling, Rng& rng, ModelRunner& runner);
 
  private:
+  // Session s's context within `ctx`: its node budget is what the drafts before it left in
+  // `merged` (all of it, or an even share for dynamic trees); `fits` whether it may propose.
+  DraftContext SessionContext(const DraftContext& ctx, size_t s, const TokenTree& merged,
+                              bool* fits) const;
   // Counts one verified tree whose accepted nodes (root excluded) are `accepted`.
   void Record(std::span<const int32_t> accepted);
 
@@ -110,6 +132,16 @@ class SpeculativeStep {
   const SeqId seq_;
   SpeculationStats& stats_;
   std::vector<std::unique_ptr<DraftSession>> sessions_;  // in the request's order
+  std::vector<Speculator*> speculators_;                 // each session's
+  // Trees DraftTogether drafted for this step's Plan, per session (empty: Plan proposes), with
+  // the context size and depth cap they were drafted for and this sequence's share of the time.
+  std::vector<std::optional<StatusOr<TokenTree>>> drafted_;
+  size_t drafted_tokens_ = 0;
+  int32_t drafted_depth_ = 0;
+  int32_t drafted_nodes_ = 0;
+  bool drafted_dynamic_ = false;
+  std::vector<int32_t> drafted_budget_;  // per session: the node budget it was drafted with
+  double drafted_seconds_ = 0;
   std::string key_;
   std::vector<int64_t> shape_nodes_;
   AcceptanceModel acceptance_;

@@ -101,6 +101,7 @@ void ServerMetrics::AddSpeculation(const SpeculationCounters& s) {
   std::lock_guard<std::mutex> lock(mu_);
   spec_passes_ += s.llm_passes;
   spec_accepted_ += s.accepted_tokens;
+  spec_draft_seconds_ += s.draft_seconds;
   for (size_t d = 0; d < s.accepted_by_depth.size(); ++d)
     spec_by_depth_[static_cast<int64_t>(d) + 1] += s.accepted_by_depth[d];
   for (const auto& [name, n] : s.accepted_by_speculator) spec_by_speculator_[name] += n;
@@ -141,6 +142,9 @@ std::string ServerMetrics::Render(const ServingGauges& g) const {
     Header(&out, "specinfer_spec_accepted_tokens_total", "counter",
            "Speculated tokens accepted by the LLM (per pass: divide by llm_passes_total).");
     Sample(&out, "specinfer_spec_accepted_tokens_total", "", static_cast<double>(spec_accepted_));
+    Header(&out, "specinfer_spec_draft_seconds_total", "counter",
+           "Seconds the speculators spent drafting (per pass: divide by llm_passes_total).");
+    Sample(&out, "specinfer_spec_draft_seconds_total", "", spec_draft_seconds_);
     Header(&out, "specinfer_spec_accepted_tokens_by_depth_total", "counter",
            "Accepted speculated tokens by token-tree depth.");
     for (const auto& [depth, n] : spec_by_depth_)

@@ -20,6 +20,8 @@
 //   specinfer_sequences_finished_total{reason}     counter  stop, length, cancelled, error
 //   specinfer_spec_llm_passes_total                counter  verification passes of the LLM
 //   specinfer_spec_accepted_tokens_total           counter  speculated tokens the LLM accepted
+//   specinfer_spec_draft_seconds_total             counter  speculators drafting (a batched
+//                                                           draft's time split among its sequences)
 //   specinfer_spec_accepted_tokens_by_depth_total{depth}          counter
 //   specinfer_spec_accepted_tokens_by_speculator_total{speculator} counter
 //   specinfer_spec_controller_steps_total{speculating}             counter  decode steps that
@@ -92,6 +94,7 @@ struct ServingGauges {
 struct SpeculationCounters {
   int64_t llm_passes = 0;
   int64_t accepted_tokens = 0;
+  double draft_seconds = 0;  // spec.draft_seconds
   std::vector<int64_t> accepted_by_depth;  // index d - 1: accepted at tree depth d (root = 0)
   std::vector<std::pair<std::string, int64_t>> accepted_by_speculator;  // ("ngram:3", n)
 };
@@ -127,6 +130,7 @@ class ServerMetrics {
   std::map<std::pair<std::string, std::string>, int64_t> requests_;
   std::map<std::string, int64_t> finished_;
   int64_t spec_passes_ = 0;
+  double spec_draft_seconds_ = 0;
   int64_t spec_accepted_ = 0;
   std::map<int64_t, int64_t> spec_by_depth_;
   std::map<std::string, int64_t> spec_by_speculator_;

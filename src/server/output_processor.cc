@@ -80,6 +80,7 @@ void SequenceOutput::OnDone(StatusOr<GenerateResult> outcome) {
     SpeculationCounters c;
     c.llm_passes = result.stats.decode_passes;
     c.accepted_tokens = sp.accepted_tokens;
+    c.draft_seconds = sp.draft_seconds;
     c.accepted_by_depth = sp.accepted_at_depth;
     for (size_t i = 0; i < sp.speculator_names.size(); ++i)
       c.accepted_by_speculator.emplace_back(sp.speculator_names[i], sp.accepted_by[i]);

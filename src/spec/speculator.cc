@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <numeric>
+#include <optional>
 
 #include "backend/registry.h"
 #include "kv/kv_cache.h"
@@ -24,16 +25,38 @@ class ModelDraftSession final : public DraftSession {
  public:
   ModelDraftSession(ModelSpeculator& owner, SeqId seq) : owner_(owner), seq_(seq) {}
   ~ModelDraftSession() override;
+  // ProposeBatch of this session alone: one code path, so batched and lone trees are equal.
   StatusOr<TokenTree> Propose(const DraftContext& ctx) override;
   bool honors_node_budget() const override { return true; }
 
- private:
-  // Brings the draft's cache to tokens[0, n-1) and returns the logits after tokens[n-1].
-  Status CatchUp(std::span<const int32_t> tokens, std::vector<float>& logits);
+  ModelSpeculator& owner() const { return owner_; }
+  SeqId seq() const { return seq_; }
+  std::vector<int32_t>& cached() { return cached_; }
 
+ private:
   ModelSpeculator& owner_;
   SeqId seq_;
   std::vector<int32_t> cached_;  // tokens whose K/V the draft's cache holds, in order
+};
+
+// One session's proposal in progress inside a batched draft (ModelSpeculator::DraftWave).
+struct DraftRun {
+  ModelDraftSession* session = nullptr;
+  const DraftContext* ctx = nullptr;
+  TokenTree tree{0};
+  Status status;
+  int32_t n = 0;            // committed tokens (ctx->tokens.size())
+  int32_t depth = 0;        // levels this tree gets
+  bool growing = false;     // more levels to expand
+  // The draft's logits at each frontier node, [frontier size, vocab]: rows of the wave's last
+  // pass, or of `own` after a catch-up run alone.
+  std::span<const float> rows;
+  std::vector<float> own;
+  std::vector<int32_t> frontier = {0};  // nodes whose children come next
+  std::vector<int32_t> slot_of = {-1};  // node -> index in the masked window (root: none)
+  std::vector<int32_t> fresh;           // the level just expanded
+  int32_t window = 0;                   // tree entries in the cache after the n committed
+  TreeMask mask;                        // the level in the pass (the batch points at it)
 };
 
 class ModelSpeculator final : public Speculator {
@@ -64,120 +87,289 @@ class ModelSpeculator final : public Speculator {
     live_sessions_.fetch_sub(1);
   }
 
-  const Model& model() const { return *model_; }
-  ModelRunner& runner() { return *runner_; }
-  KvCacheManager& kv() { return kv_; }
+  bool batches_proposals() const override { return true; }
+  std::vector<StatusOr<TokenTree>> ProposeBatch(std::span<DraftSession* const> sessions,
+                                                std::span<const DraftContext> contexts) override;
 
  private:
+  // Drafts every run's tree (each session appears once): catch-ups, then one pass per level.
+  void DraftWave(std::span<DraftRun> runs);
+  // Brings each growing run's cache to its committed tokens but the last and sets its rows to
+  // the logits after the last: short catch-ups share one pass, long ones (a prompt) run alone.
+  void CatchUp(std::span<DraftRun> runs);
+  // Brings `r`'s cache from `common` entries to r.n alone, in chunks, into r.own.
+  Status CatchUpAlone(DraftRun& r, int32_t common);
+  // Expands r's frontier from its rows into r.fresh (tree level `level` + 1).
+  void ExpandLevel(DraftRun& r, int32_t level);
+  // Grows r's dynamic tree (spec/dynamic_tree.h) from its rows, one pass of r alone per round.
+  void GrowDynamic(DraftRun& r);
+  // Adds `nodes` of `tree` (their ancestors ran before) to `batch`: each node sees the committed
+  // tokens, its tree ancestors and itself.
+  Status AddLevel(DraftRun& r, const TokenTree& tree, std::span<const int32_t> nodes,
+                  ForwardBatch& batch);
+
   std::string name_;
   std::shared_ptr<const Model> model_;
   std::unique_ptr<ModelRunner> runner_;
   KvCacheManager kv_;
   const int32_t max_sessions_;
   std::atomic<int32_t> live_sessions_{0};
+  std::vector<float> pass_logits_;  // the last shared pass's rows, [rows, vocab]
 };
 
 ModelDraftSession::~ModelDraftSession() { owner_.EndSession(seq_); }
 
-Status ModelDraftSession::CatchUp(std::span<const int32_t> tokens, std::vector<float>& logits) {
-  KvCacheManager& kv = owner_.kv();
-  const int32_t n = static_cast<int32_t>(tokens.size());
-  // Keep the longest common prefix with what the cache holds, but always run the last token:
-  // its logits are the first level's.
-  int32_t common = 0;
-  const int32_t limit = std::min<int32_t>(static_cast<int32_t>(cached_.size()), n - 1);
-  while (common < limit && cached_[static_cast<size_t>(common)] == tokens[common]) ++common;
-  kv.Truncate(seq_, common);
-  cached_.resize(static_cast<size_t>(common));
+StatusOr<TokenTree> ModelDraftSession::Propose(const DraftContext& ctx) {
+  DraftSession* self = this;
+  return std::move(owner_.ProposeBatch(std::span(&self, 1), std::span(&ctx, 1))[0]);
+}
+
+std::vector<StatusOr<TokenTree>> ModelSpeculator::ProposeBatch(
+    std::span<DraftSession* const> sessions, std::span<const DraftContext> contexts) {
+  std::vector<StatusOr<TokenTree>> out;
+  out.reserve(sessions.size());
+  if (sessions.size() != contexts.size()) {
+    for (size_t i = 0; i < sessions.size(); ++i)
+      out.push_back(InvalidArgumentError("ProposeBatch: sessions and contexts differ in number"));
+    return out;
+  }
+  // Waves: a session's k-th item goes in wave k, so no pass holds a session twice and its items
+  // are served in order.
+  std::vector<int32_t> wave(sessions.size(), -1);
+  std::vector<ModelDraftSession*> own(sessions.size(), nullptr);
+  int32_t waves = 0;
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    auto* m = dynamic_cast<ModelDraftSession*>(sessions[i]);
+    if (m == nullptr || &m->owner() != this) continue;
+    own[i] = m;
+    int32_t w = 0;
+    for (size_t j = 0; j < i; ++j) w += own[j] == m;
+    wave[i] = w;
+    waves = std::max(waves, w + 1);
+  }
+  std::vector<std::optional<StatusOr<TokenTree>>> result(sessions.size());
+  for (int32_t w = 0; w < waves; ++w) {
+    std::vector<DraftRun> runs;
+    std::vector<size_t> item;
+    for (size_t i = 0; i < sessions.size(); ++i) {
+      if (wave[i] != w) continue;
+      DraftRun r;
+      r.session = own[i];
+      r.ctx = &contexts[i];
+      runs.push_back(std::move(r));
+      item.push_back(i);
+    }
+    DraftWave(runs);
+    for (size_t k = 0; k < runs.size(); ++k) {
+      if (runs[k].status.ok()) result[item[k]] = std::move(runs[k].tree);
+      else result[item[k]] = runs[k].status;
+    }
+  }
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    if (result[i].has_value()) out.push_back(std::move(*result[i]));
+    else out.push_back(InvalidArgumentError("ProposeBatch: a session of another speculator than '" +
+                                            name_ + "'"));
+  }
+  return out;
+}
+
+void ModelSpeculator::DraftWave(std::span<DraftRun> runs) {
+  const ModelConfig& c = model_->config();
+  const int32_t vocab = c.vocab_size;
+  for (DraftRun& r : runs) {
+    r.n = static_cast<int32_t>(r.ctx->tokens.size());
+    r.tree = TokenTree(r.ctx->tokens.back());
+    // The deepest node sits at position n - 1 + depth, which must stay inside the draft's
+    // context.
+    r.depth = std::min({r.ctx->shape->depth(), r.ctx->max_depth, c.max_seq_len - r.n});
+    r.growing = r.depth > 0 && r.ctx->max_nodes > 0;
+  }
+  CatchUp(runs);
+  // Dynamic trees choose each round's nodes from the last round's logits: they grow alone
+  // after the shared catch-up.
+  for (DraftRun& r : runs) {
+    if (!r.growing || !r.ctx->dynamic) continue;
+    r.growing = false;
+    GrowDynamic(r);
+  }
+  for (int32_t level = 0;; ++level) {
+    ForwardBatch batch;
+    std::vector<DraftRun*> in_pass;
+    for (DraftRun& r : runs) {
+      if (!r.growing) continue;
+      ExpandLevel(r, level);
+      if (level + 1 == r.depth || r.fresh.empty()) {
+        r.growing = false;
+        continue;
+      }
+      if (Status s = AddLevel(r, r.tree, r.fresh, batch); !s.ok()) {
+        r.status = s;
+        r.growing = false;
+        continue;
+      }
+      in_pass.push_back(&r);
+    }
+    if (in_pass.empty()) break;
+    pass_logits_.resize(batch.logit_rows.size() * static_cast<size_t>(vocab));
+    const Status s = runner_->Forward(batch, kv_, pass_logits_);
+    size_t row = 0;
+    for (DraftRun* r : in_pass) {
+      const auto count = static_cast<int32_t>(r->fresh.size());
+      if (!s.ok()) {
+        r->status = s;
+        r->growing = false;
+        continue;
+      }
+      r->rows = std::span<const float>(pass_logits_)
+                    .subspan(row * vocab, static_cast<size_t>(count) * vocab);
+      row += static_cast<size_t>(count);
+      r->window += count;
+      r->frontier.swap(r->fresh);
+    }
+  }
+  // The trees' entries are dropped at the next catch-up (they follow the committed tokens).
+}
+
+void ModelSpeculator::CatchUp(std::span<DraftRun> runs) {
+  // Catch-ups of fewer tokens than this share one batch-invariant pass (what a lone one of them
+  // would run); longer ones are prompts and run alone with the faster batch-dependent kernels.
+  constexpr int32_t kShared = 16;
+  const int32_t vocab = model_->config().vocab_size;
+  ForwardBatch batch;
+  std::vector<DraftRun*> shared;
+  std::vector<int32_t> pos;
+  for (DraftRun& r : runs) {
+    if (!r.growing) continue;
+    std::vector<int32_t>& cached = r.session->cached();
+    const std::span<const int32_t> tokens = r.ctx->tokens;
+    // Keep the longest common prefix with what the cache holds, but always run the last token:
+    // its logits are the first level's.
+    int32_t common = 0;
+    const int32_t limit = std::min<int32_t>(static_cast<int32_t>(cached.size()), r.n - 1);
+    while (common < limit && cached[static_cast<size_t>(common)] == tokens[common]) ++common;
+    kv_.Truncate(r.session->seq(), common);
+    cached.resize(static_cast<size_t>(common));
+    const int32_t count = r.n - common;
+    Status s;
+    if (count >= kShared) {
+      s = CatchUpAlone(r, common);
+    } else {
+      s = kv_.Reserve(r.session->seq(), r.n);
+      if (s.ok()) {
+        pos.resize(static_cast<size_t>(count));
+        std::iota(pos.begin(), pos.end(), common);
+        batch.AddSequence(r.session->seq(), tokens.subspan(static_cast<size_t>(common)), pos,
+                          common, nullptr);
+        batch.logit_rows.push_back(batch.size() - 1);
+        shared.push_back(&r);
+      }
+    }
+    if (!s.ok()) {
+      r.status = s;
+      r.growing = false;
+    }
+  }
+  if (shared.empty()) return;
+  batch.batch_invariant = true;
+  pass_logits_.resize(shared.size() * static_cast<size_t>(vocab));
+  const Status s = runner_->Forward(batch, kv_, pass_logits_);
+  for (size_t i = 0; i < shared.size(); ++i) {
+    DraftRun& r = *shared[i];
+    if (!s.ok()) {
+      r.status = s;
+      r.growing = false;
+      continue;
+    }
+    r.rows = std::span<const float>(pass_logits_).subspan(i * vocab, static_cast<size_t>(vocab));
+    std::vector<int32_t>& cached = r.session->cached();
+    cached.insert(cached.end(), r.ctx->tokens.begin() + static_cast<std::ptrdiff_t>(cached.size()),
+                  r.ctx->tokens.end());
+  }
+}
+
+Status ModelSpeculator::CatchUpAlone(DraftRun& r, int32_t common) {
+  const std::span<const int32_t> tokens = r.ctx->tokens;
+  const SeqId seq = r.session->seq();
+  std::vector<int32_t>& cached = r.session->cached();
+  r.own.resize(static_cast<size_t>(model_->config().vocab_size));
   constexpr int32_t kChunk = 512;
-  for (int32_t begin = common; begin < n; begin += kChunk) {
-    const int32_t count = std::min(kChunk, n - begin);
-    SI_RETURN_IF_ERROR(kv.Reserve(seq_, begin + count));
+  for (int32_t begin = common; begin < r.n; begin += kChunk) {
+    const int32_t count = std::min(kChunk, r.n - begin);
+    SI_RETURN_IF_ERROR(kv_.Reserve(seq, begin + count));
     ForwardBatch batch;
     std::vector<int32_t> pos(static_cast<size_t>(count));
     std::iota(pos.begin(), pos.end(), begin);
-    batch.AddSequence(seq_, tokens.subspan(static_cast<size_t>(begin), static_cast<size_t>(count)),
+    batch.AddSequence(seq, tokens.subspan(static_cast<size_t>(begin), static_cast<size_t>(count)),
                       pos, begin, nullptr);
-    if (begin + count == n) batch.logit_rows = {count - 1};
+    if (begin + count == r.n) batch.logit_rows = {count - 1};
     // Draft outputs need not be batch-invariant (verification makes the result exact), so long
     // catch-ups (the prompt) may use the faster batch-dependent kernels.
     batch.batch_invariant = count < 16;
-    SI_RETURN_IF_ERROR(owner_.runner().Forward(batch, kv, logits));
-    cached_.insert(cached_.end(), tokens.begin() + begin, tokens.begin() + begin + count);
+    SI_RETURN_IF_ERROR(runner_->Forward(batch, kv_, r.own));
+    cached.insert(cached.end(), tokens.begin() + begin, tokens.begin() + begin + count);
   }
+  r.rows = r.own;
   return Status::Ok();
 }
 
-StatusOr<TokenTree> ModelDraftSession::Propose(const DraftContext& ctx) {
-  const int32_t n = static_cast<int32_t>(ctx.tokens.size());
-  TokenTree tree(ctx.tokens.back());
-  const ModelConfig& c = owner_.model().config();
-  // The deepest node sits at position n - 1 + depth, which must stay inside the draft's context.
-  const int32_t depth =
-      std::min({ctx.shape->depth(), ctx.max_depth, c.max_seq_len - n});
-  if (depth <= 0 || ctx.max_nodes <= 0) return tree;
-  const int32_t vocab = c.vocab_size;
-  std::vector<float> logits(static_cast<size_t>(vocab));
-  SI_RETURN_IF_ERROR(CatchUp(ctx.tokens, logits));
+void ModelSpeculator::ExpandLevel(DraftRun& r, int32_t level) {
+  const auto vocab = static_cast<size_t>(model_->config().vocab_size);
+  const int32_t k = r.ctx->shape->widths[static_cast<size_t>(level)];
+  r.fresh.clear();
+  for (size_t f = 0; f < r.frontier.size(); ++f) {
+    const int32_t before = r.tree.size();
+    ProposeChildren(r.tree, r.frontier[f], r.rows.subspan(f * vocab, vocab), k, *r.ctx->sampling,
+                    *r.ctx->rng, r.ctx->speculator_index, r.ctx->max_nodes);
+    for (int32_t v = before; v < r.tree.size(); ++v) r.fresh.push_back(v);
+  }
+}
 
-  KvCacheManager& kv = owner_.kv();
-  std::vector<int32_t> slot_of(1, -1);      // node -> index in the masked window (root: none)
-  int32_t window = 0;                       // tree entries in the cache after the n committed
-  // Runs `nodes` (whose ancestors ran before): each sees the committed tokens, its tree
-  // ancestors and itself.
+void ModelSpeculator::GrowDynamic(DraftRun& r) {
+  const auto vocab = static_cast<size_t>(model_->config().vocab_size);
+  // One round of the growth: its nodes in a pass of their own, as a static level would run.
   auto run = [&](const TokenTree& t, std::span<const int32_t> nodes,
                  std::vector<float>& out) -> Status {
-    const int32_t count = static_cast<int32_t>(nodes.size());
-    TreeMask mask = TreeMask::Empty(count, window + count);
-    std::vector<int32_t> toks(static_cast<size_t>(count)), pos(static_cast<size_t>(count));
-    slot_of.resize(static_cast<size_t>(t.size()), -1);
-    for (int32_t i = 0; i < count; ++i) {
-      const int32_t v = nodes[static_cast<size_t>(i)];
-      toks[static_cast<size_t>(i)] = t.node(v).token;
-      pos[static_cast<size_t>(i)] = n - 1 + t.node(v).depth;
-      slot_of[static_cast<size_t>(v)] = window + i;
-      for (int32_t a = v; a > 0; a = t.node(a).parent)
-        mask.Set(i, slot_of[static_cast<size_t>(a)]);
-    }
-    SI_RETURN_IF_ERROR(kv.Reserve(seq_, n + window + count));
     ForwardBatch batch;
-    batch.AddSequence(seq_, toks, pos, n, &mask, window);
-    batch.logit_rows.resize(static_cast<size_t>(count));
-    std::iota(batch.logit_rows.begin(), batch.logit_rows.end(), 0);
-    out.resize(static_cast<size_t>(count) * vocab);
-    SI_RETURN_IF_ERROR(owner_.runner().Forward(batch, kv, out));
-    window += count;
+    SI_RETURN_IF_ERROR(AddLevel(r, t, nodes, batch));
+    out.resize(nodes.size() * vocab);
+    SI_RETURN_IF_ERROR(runner_->Forward(batch, kv_, out));
+    r.window += static_cast<int32_t>(nodes.size());
     return Status::Ok();
   };
-  // The tree's entries are dropped at the next catch-up (they follow the committed tokens).
-  if (ctx.dynamic) {
-    DynamicTreeOptions o;
-    o.max_nodes = ctx.max_nodes;
-    o.max_depth = depth;
-    // Nodes whose cumulative probability is below 1% are hardly ever accepted; not drafting
-    // them saves their draft and LLM tokens.
-    o.min_prob = 0.01f;
-    return GrowDynamicTree(ctx.tokens.back(), logits, o, *ctx.sampling, *ctx.rng,
-                           ctx.speculator_index, run);
+  DynamicTreeOptions o;
+  o.max_nodes = r.ctx->max_nodes;
+  o.max_depth = r.depth;
+  // Nodes whose cumulative probability is below 1% are hardly ever accepted; not drafting them
+  // saves their draft and LLM tokens.
+  o.min_prob = 0.01f;
+  StatusOr<TokenTree> tree = GrowDynamicTree(r.ctx->tokens.back(), r.rows, o, *r.ctx->sampling,
+                                             *r.ctx->rng, r.ctx->speculator_index, run);
+  if (tree.ok()) {
+    r.tree = std::move(tree).value();
+  } else {
+    r.status = tree.status();
   }
+}
 
-  std::vector<int32_t> frontier = {0};      // nodes whose children come next
-  std::vector<int32_t> fresh;
-  for (int32_t level = 0; level < depth; ++level) {
-    const int32_t k = ctx.shape->widths[static_cast<size_t>(level)];
-    fresh.clear();
-    for (size_t f = 0; f < frontier.size(); ++f) {
-      std::span<const float> row(logits.data() + f * vocab, static_cast<size_t>(vocab));
-      const int32_t before = tree.size();
-      ProposeChildren(tree, frontier[f], row, k, *ctx.sampling, *ctx.rng, ctx.speculator_index,
-                      ctx.max_nodes);
-      for (int32_t v = before; v < tree.size(); ++v) fresh.push_back(v);
-    }
-    if (level + 1 == depth || fresh.empty()) break;
-    SI_RETURN_IF_ERROR(run(tree, fresh, logits));
-    frontier.swap(fresh);
+Status ModelSpeculator::AddLevel(DraftRun& r, const TokenTree& tree,
+                                 std::span<const int32_t> nodes, ForwardBatch& batch) {
+  const int32_t count = static_cast<int32_t>(nodes.size());
+  r.mask = TreeMask::Empty(count, r.window + count);
+  std::vector<int32_t> toks(static_cast<size_t>(count)), pos(static_cast<size_t>(count));
+  r.slot_of.resize(static_cast<size_t>(tree.size()), -1);
+  for (int32_t i = 0; i < count; ++i) {
+    const int32_t v = nodes[static_cast<size_t>(i)];
+    toks[static_cast<size_t>(i)] = tree.node(v).token;
+    pos[static_cast<size_t>(i)] = r.n - 1 + tree.node(v).depth;
+    r.slot_of[static_cast<size_t>(v)] = r.window + i;
+    for (int32_t a = v; a > 0; a = tree.node(a).parent)
+      r.mask.Set(i, r.slot_of[static_cast<size_t>(a)]);
   }
-  return tree;
+  SI_RETURN_IF_ERROR(kv_.Reserve(r.session->seq(), r.n + r.window + count));
+  const int32_t first = batch.size();
+  batch.AddSequence(r.session->seq(), toks, pos, r.n, &r.mask, r.window);
+  for (int32_t i = 0; i < count; ++i) batch.logit_rows.push_back(first + i);
+  return Status::Ok();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -234,6 +426,24 @@ StatusOr<std::unique_ptr<Speculator>> CreateModelSpeculator(std::string name,
 }
 
 }  // namespace
+
+std::vector<StatusOr<TokenTree>> Speculator::ProposeBatch(std::span<DraftSession* const> sessions,
+                                                          std::span<const DraftContext> contexts) {
+  std::vector<StatusOr<TokenTree>> out;
+  out.reserve(sessions.size());
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    if (i < contexts.size()) out.push_back(sessions[i]->Propose(contexts[i]));
+    else
+      out.push_back(InvalidArgumentError("ProposeBatch: sessions and contexts differ in number"));
+  }
+  return out;
+}
+
+void Speculator::BeginBatch(std::span<DraftSession* const> sessions,
+                            std::span<const DraftContext> contexts) {
+  for (size_t i = 0; i < sessions.size() && i < contexts.size(); ++i)
+    sessions[i]->Begin(contexts[i]);
+}
 
 void ProposeChildren(TokenTree& tree, int32_t node, std::span<const float> logits, int32_t k,
                      const SamplingParams& sampling, Rng& rng, int32_t speculator,

@@ -21,6 +21,12 @@
 // behind), then appends one tree level (or dynamic-tree round) per pass with a topology-aware
 // mask.
 //
+// Batched drafting: Speculator::ProposeBatch drafts for several sequences' sessions at once. A
+// model draft runs one catch-up pass for all short catch-ups and then one pass per tree level for
+// every sequence still growing (the runner's ForwardBatch carries several sequences); each tree
+// is the one Propose would return, node for node (Propose is ProposeBatch of one session, and the
+// passes are batch-invariant, so every draft logit is bit-identical either way).
+//
 // Thread safety: a Speculator's sessions are used by one thread at a time (the engine's loop).
 #pragma once
 
@@ -87,6 +93,22 @@ class Speculator {
   virtual const std::string& name() const = 0;
   // ResourceExhausted when the speculator's KV cache has no room for another sequence.
   virtual StatusOr<std::unique_ptr<DraftSession>> StartSession() = 0;
+
+  // True when ProposeBatch does better than proposing one session after another (model drafts:
+  // one pass per tree level for all of them).
+  virtual bool batches_proposals() const { return false; }
+  // Proposes a tree for each of `sessions` (sessions of this speculator) with `contexts[i]`: the
+  // same tree and status that sessions[i]->Propose(contexts[i]) would give, drawing from each
+  // context's rng in the same order. A session may appear more than once: its items are served
+  // in order, as consecutive Propose calls would be. The default calls Propose in turn. Returns
+  // one result per session, in order; a session of another speculator gets InvalidArgument.
+  virtual std::vector<StatusOr<TokenTree>> ProposeBatch(std::span<DraftSession* const> sessions,
+                                                        std::span<const DraftContext> contexts);
+  // DraftSession::Begin for several sessions of this speculator (each at most once) at once:
+  // each session's Propose with the same context then collects its tree. Remote SSM workers
+  // send one call per worker for all of them. The default calls each session's Begin in order.
+  virtual void BeginBatch(std::span<DraftSession* const> sessions,
+                          std::span<const DraftContext> contexts);
 };
 
 struct SpeculatorOptions {

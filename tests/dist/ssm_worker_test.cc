@@ -9,6 +9,8 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "dist/model_identity.h"
@@ -19,6 +21,7 @@
 #include "engine/engine.h"
 #include "model/loader.h"
 #include "proto/ssm_worker.grpc.pb.h"
+#include "server/grpc_listen.h"
 #include "test_util.h"
 
 namespace specinfer {
@@ -281,6 +284,86 @@ TEST(SsmWorker, MalformedRequestsAreRejectedAndTheWorkerKeepsServing) {
   EXPECT_EQ(resp.results(0).outcome(), worker::SpeculateResult::RESYNC);
 }
 
+// One call with several sequences' items (drafted together, one pass per tree level) answers
+// exactly what one call per item does, over steps that send deltas; an item repeating a session
+// of the same call is served after the earlier one.
+TEST(SsmWorker, MultiItemSpeculateAnswersEqualSingleItemOnes) {
+  auto together = SsmWorkerServer::Start(WorkerOptions());
+  auto alone = SsmWorkerServer::Start(WorkerOptions());
+  ASSERT_TRUE(together.ok() && alone.ok());
+  auto stub = [](const SsmWorkerServer& w) {
+    return worker::SsmWorker::NewStub(
+        grpc::CreateChannel(Address(w), grpc::InsecureChannelCredentials()));
+  };
+  auto t_stub = stub(**together), a_stub = stub(**alone);
+  auto call = [](worker::SsmWorker::Stub& st, const worker::SpeculateRequest& req) {
+    grpc::ClientContext ctx;
+    worker::SpeculateResponse resp;
+    EXPECT_TRUE(st.Speculate(&ctx, req, &resp).ok());
+    return resp;
+  };
+  // Three sequences of different lengths, greedy and sampled, different shapes.
+  const std::vector<std::vector<int32_t>> prompts = {
+      {1, 403, 407, 261}, {1, 9, 30, 99, 250, 7, 400, 12, 18, 77, 301, 45, 3, 5, 6, 8, 11, 14, 20},
+      {1, 33}};
+  const std::vector<std::vector<int32_t>> shapes = {{2, 2, 1}, {1, 1, 1, 1}, {3, 2}};
+  std::vector<std::vector<int32_t>> tokens = prompts;
+  std::vector<uint32_t> held(prompts.size(), 0);
+  auto item_for = [&](size_t i, int step) {
+    worker::SpeculateItem item;
+    item.set_session("s" + std::to_string(i));
+    item.set_base(held[i]);
+    for (size_t t = held[i]; t < tokens[i].size(); ++t) item.add_tokens(tokens[i][t]);
+    for (int32_t w : shapes[i]) item.add_widths(w);
+    item.set_max_depth(static_cast<int32_t>(shapes[i].size()));
+    item.mutable_sampling()->set_temperature(i == 1 ? 0.0f : 0.8f);
+    item.mutable_sampling()->set_top_p(1);
+    item.set_seed(1000 + 10 * i + static_cast<uint64_t>(step));
+    item.set_speculator_index(static_cast<int32_t>(i));
+    return item;
+  };
+  for (int step = 0; step < 4; ++step) {
+    worker::SpeculateRequest many;
+    std::vector<worker::SpeculateResponse> singles;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      *many.add_items() = item_for(i, step);
+      worker::SpeculateRequest one;
+      *one.add_items() = item_for(i, step);
+      singles.push_back(call(*a_stub, one));
+    }
+    const worker::SpeculateResponse resp = call(*t_stub, many);
+    ASSERT_EQ(resp.results_size(), static_cast<int>(prompts.size()));
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ASSERT_EQ(singles[i].results_size(), 1);
+      EXPECT_EQ(resp.results(static_cast<int>(i)).outcome(), worker::SpeculateResult::OK);
+      EXPECT_GT(resp.results(static_cast<int>(i)).tree().nodes_size(), 1);
+      EXPECT_EQ(resp.results(static_cast<int>(i)).SerializeAsString(),
+                singles[i].results(0).SerializeAsString())
+          << "step " << step << " item " << i;
+      // The sequence grows by the tree's first child and a token of "the LLM".
+      held[i] = static_cast<uint32_t>(tokens[i].size());
+      tokens[i].push_back(resp.results(static_cast<int>(i)).tree().nodes(1).token());
+      tokens[i].push_back(static_cast<int32_t>(50 + 7 * step + i));
+    }
+  }
+  // A session twice in one call: the second item is a delta on the first.
+  worker::SpeculateRequest twice;
+  *twice.add_items() = item_for(0, 9);
+  held[0] = static_cast<uint32_t>(tokens[0].size());
+  tokens[0].push_back(77);
+  *twice.add_items() = item_for(0, 10);
+  *twice.add_items() = item_for(2, 10);
+  const worker::SpeculateResponse resp = call(*t_stub, twice);
+  ASSERT_EQ(resp.results_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    worker::SpeculateRequest one;
+    *one.add_items() = twice.items(i);
+    const worker::SpeculateResponse single = call(*a_stub, one);
+    EXPECT_EQ(resp.results(i).outcome(), worker::SpeculateResult::OK) << i;
+    EXPECT_EQ(resp.results(i).SerializeAsString(), single.results(0).SerializeAsString()) << i;
+  }
+}
+
 TEST(SsmWorker, WorkerWithAnotherVocabularyIsRefusedAtRegistration) {
   // The same model with one vocabulary piece changed ("<unk>" -> "<Unk>").
   std::ifstream in(testing::Stories260KTokenizer(), std::ios::binary);
@@ -443,6 +526,99 @@ TEST(RemoteSpeculator, BatchedSequencesSpreadOverReplicasWithOutputsUnchanged) {
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], plain[i]) << prompts[i];
   EXPECT_EQ(most, (std::vector<int32_t>{2, 2})) << "sessions spread over both replicas";
   EXPECT_EQ(remote->replica_sessions(), (std::vector<int32_t>{0, 0})) << "all released";
+}
+
+// A worker's front that records how many items each Speculate call carries and forwards
+// every call to the real worker behind it.
+class RecordingProxy final : public worker::SsmWorker::Service {
+ public:
+  explicit RecordingProxy(const std::string& target)
+      : stub_(worker::SsmWorker::NewStub(
+            grpc::CreateChannel(target, grpc::InsecureChannelCredentials()))) {}
+  grpc::Status Info(grpc::ServerContext*, const worker::InfoRequest* req,
+                    worker::InfoResponse* out) override {
+    grpc::ClientContext ctx;
+    return stub_->Info(&ctx, *req, out);
+  }
+  grpc::Status Health(grpc::ServerContext*, const worker::HealthRequest* req,
+                      worker::HealthResponse* out) override {
+    grpc::ClientContext ctx;
+    return stub_->Health(&ctx, *req, out);
+  }
+  grpc::Status Speculate(grpc::ServerContext*, const worker::SpeculateRequest* req,
+                         worker::SpeculateResponse* out) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      items_.push_back(req->items_size());
+    }
+    grpc::ClientContext ctx;
+    return stub_->Speculate(&ctx, *req, out);
+  }
+  grpc::Status Release(grpc::ServerContext*, const worker::ReleaseRequest* req,
+                       worker::ReleaseResponse* out) override {
+    grpc::ClientContext ctx;
+    return stub_->Release(&ctx, *req, out);
+  }
+  std::vector<int> items() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return items_;
+  }
+
+ private:
+  std::unique_ptr<worker::SsmWorker::Stub> stub_;
+  std::mutex mu_;
+  std::vector<int> items_;  // items of each Speculate call
+};
+
+// The manager sends the items of all the sequences of a step pinned to one worker in one
+// Speculate call, and greedy outputs stay those of plain decoding.
+TEST(RemoteSpeculator, AStepsSequencesShareOneSpeculateCallPerWorker) {
+  auto w = SsmWorkerServer::Start(WorkerOptions());
+  ASSERT_TRUE(w.ok());
+  RecordingProxy proxy(Address(**w));
+  grpc::Service* const services[] = {&proxy};
+  auto bound = BindGrpcServer(services, {.address = "127.0.0.1:0"});
+  ASSERT_TRUE(bound.ok()) << bound.status().ToString();
+  RemoteSpeculator* remote = nullptr;
+  auto engine =
+      EngineWithRemote({"127.0.0.1:" + std::to_string(bound->port)}, &remote, 4);
+  ASSERT_TRUE(engine && remote);
+  const char* texts[] = {"Once upon a time", "The cat", "Lily and Ben", "One day"};
+  std::vector<GenerateRequest> reqs;
+  std::vector<std::vector<int32_t>> plain;
+  for (const char* text : texts) {
+    GenerateRequest r;
+    r.prompt_tokens = *engine->EncodePrompt(text);
+    r.max_new_tokens = 40;
+    r.sampling.temperature = 0;
+    auto g = engine->Generate(r);
+    ASSERT_TRUE(g.ok());
+    plain.push_back(g->tokens);
+    r.speculators = {remote};
+    r.tree_shape = *TreeShape::Parse("2,1,1");
+    reqs.push_back(r);
+  }
+  BatchOptions o;
+  o.max_sequences = 4;
+  o.spec_budget = SpecBudgetMode::kStatic;
+  EngineCore core(engine->runner(), engine->kv(), o);
+  std::vector<std::optional<StatusOr<GenerateResult>>> done(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto a = core.Add(reqs[i], nullptr,
+                      [&done, i](StatusOr<GenerateResult> r) { done[i] = std::move(r); });
+    ASSERT_TRUE(a.ok() && *a == EngineCore::Admission::kAdmitted);
+  }
+  for (int steps = 0; !core.idle() && steps < 1000; ++steps) core.Step();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE(done[i].has_value() && done[i]->ok()) << i;
+    EXPECT_EQ((*done[i])->tokens, plain[i]) << "sequence " << i;
+    EXPECT_GT((*done[i])->stats.spec.accepted_tokens, 0) << "sequence " << i;
+  }
+  const std::vector<int> items = proxy.items();
+  ASSERT_FALSE(items.empty());
+  EXPECT_EQ(*std::max_element(items.begin(), items.end()), 4)
+      << "the four sequences' items never shared a call";
+  bound->server->Shutdown();
 }
 
 TEST(RemoteSpeculator, ReplicaThatComesBackIsReprobedAndUsedAgain) {
