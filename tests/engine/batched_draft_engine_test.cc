@@ -158,5 +158,71 @@ TEST(BatchedDraftEngine, SeededSampledSequencesDrawTheSameTogether) {
   }
 }
 
+// Several drafts per sequence under node budgets (dynamic trees, and static shapes cut by a small
+// room): each draft's budget depends on what the drafts before it proposed, and prompt lookup
+// does not batch. Whatever DraftTogether prepares, Plan's trees (token, position and logits row
+// for every node) equal those Plan drafts alone.
+TEST(BatchedDraftEngine, BudgetedTreesOfSeveralDraftsEqualTheLoneOnes) {
+  auto engine = MakeEngine(8);
+  ASSERT_TRUE(engine);
+  auto* draft = dynamic_cast<CountingSpeculator*>(*engine->GetSpeculator("layers:2"));
+  ASSERT_NE(draft, nullptr);
+  Speculator* ngram = *engine->GetSpeculator("ngram:2");
+  const std::vector<std::vector<Speculator*>> sets = {{draft}, {ngram, draft}, {draft, ngram}};
+  const char* texts[] = {"Once upon a time, there was a girl. Once upon a time, there",
+                         "The cat sat on the mat. The cat sat", "Lily", "One day, a girl"};
+  const TreeShape shape = *TreeShape::Parse("3,2,2,1");
+  const SamplingParams greedy{.temperature = 0};
+  for (bool dynamic : {true, false}) {
+    for (int32_t budget : {1, 4, 9, 30}) {
+      ForwardBatch planned[2];
+      for (int together = 0; together < 2; ++together) {
+        KvCacheManager kv(512, 16);
+        std::vector<std::vector<int32_t>> tokens;
+        std::vector<SpeculationStats> stats(12);
+        std::vector<std::unique_ptr<SpeculativeStep>> steps;
+        std::vector<Rng> rngs;
+        for (int i = 0; i < 12; ++i) {
+          tokens.push_back(*engine->EncodePrompt(texts[i % 4]));
+          const SeqId seq = kv.AddSequence();
+          ASSERT_TRUE(kv.Reserve(seq, static_cast<int32_t>(tokens.back().size())).ok());
+          steps.push_back(std::make_unique<SpeculativeStep>(kv, seq, stats[i]));
+          ASSERT_TRUE(steps.back()->OpenSessions(sets[i % 3], shape).ok());
+          rngs.emplace_back(7);
+        }
+        std::vector<DraftContext> ctxs(12);
+        for (int i = 0; i < 12; ++i) {
+          ctxs[i].tokens = tokens[i];
+          ctxs[i].shape = &shape;
+          ctxs[i].max_depth = shape.depth();
+          ctxs[i].sampling = &greedy;
+          ctxs[i].rng = &rngs[i];
+          ctxs[i].max_nodes = budget;
+          ctxs[i].dynamic = dynamic;
+        }
+        if (together) {
+          std::vector<SpeculativeStep*> all;
+          for (auto& st : steps) all.push_back(st.get());
+          draft->largest_batch = 0;
+          SpeculativeStep::DraftTogether(all, ctxs);
+          EXPECT_GE(draft->largest_batch, 4) << "the model drafts did not batch";
+        }
+        for (int i = 0; i < 12; ++i) {
+          auto size = steps[i]->Plan(tokens[i].back(), &ctxs[i],
+                                     static_cast<int32_t>(tokens[i].size()) - 1, planned[together]);
+          ASSERT_TRUE(size.ok()) << size.status().ToString();
+          EXPECT_LE(*size - 1, budget) << "sequence " << i;
+        }
+      }
+      const std::string what = std::string(dynamic ? "dynamic" : "static") + " budget " +
+                                std::to_string(budget);
+      EXPECT_EQ(planned[1].tokens, planned[0].tokens) << what;
+      EXPECT_EQ(planned[1].positions, planned[0].positions) << what;
+      EXPECT_EQ(planned[1].logit_rows, planned[0].logit_rows) << what;
+      EXPECT_GT(planned[0].size(), 12 + budget) << what << ": the drafts proposed (almost) nothing";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace specinfer
