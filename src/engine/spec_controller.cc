@@ -255,7 +255,7 @@ SpecController::Choice SpecController::ChooseBudgets(std::span<const Candidate> 
     const Candidate& c = candidates[i];
     int32_t b = taken[i];
     // Probes: twice the budget (at least 2), now and then, staggered across sequences.
-    if (Probes(c)) b = std::max(2 * b, 2);
+    if (Probes(c, n)) b = std::max(2 * b, 2);
     b = std::min(b, std::min(c.max_nodes, BudgetAcceptanceModel::kMaxRanks));
     if (c.max_depth <= 0) b = 0;
     ch.nodes[i] = b;
@@ -328,7 +328,7 @@ SpecController::Choice SpecController::Choose(std::span<const Candidate> candida
   // Probes: one level deeper than chosen, now and then, staggered across sequences.
   for (size_t i = 0; i < n; ++i) {
     const Candidate& c = candidates[i];
-    if (ch.depth[i] < c.max_depth && Probes(c)) ++ch.depth[i];
+    if (ch.depth[i] < c.max_depth && Probes(c, n)) ++ch.depth[i];
   }
   ++choices_;
   for (size_t i = 0; i < n; ++i)

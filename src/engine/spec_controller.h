@@ -22,8 +22,9 @@
 // when the batch is compute-bound (t grows as fast as the tokens) or the drafts fail (r small).
 //
 // Exploration: a sequence whose cap sits below what it may use probes one level deeper every
-// kProbePeriod of the controller's steps (staggered across sequences by id, so that short
-// requests probe too), so a speculator that failed for a while
+// kProbePeriod of the controller's steps, or every kProbeEvery x (candidates) steps when the batch
+// is larger (staggered across sequences by id, so that short requests probe too; about one
+// probe every kProbeEvery steps then), so a speculator that failed for a while
 // can come back and t(T) keeps being measured beyond the chosen counts.
 //
 // Dynamic trees (SpecBudgetMode::kDynamic, spec/dynamic_tree.h): the controller picks a node
@@ -134,6 +135,7 @@ struct SpecControllerSnapshot {
 class SpecController {
  public:
   static constexpr int32_t kProbePeriod = 16;
+  static constexpr int32_t kProbeEvery = 4;  // steps per probe, at least, across the batch
   static constexpr double kMinGain = 1.1;       // predicted tok/s over plain needed to speculate
   static constexpr double kSeqAlpha = 0.25;     // per-sequence acceptance
   static constexpr double kGlobalAlpha = 0.05;  // per-speculator-set acceptance
@@ -210,9 +212,14 @@ class SpecController {
                                 const std::vector<std::vector<double>>& m,
                                 const std::vector<double>& s, double base_tokens,
                                 int32_t max_tokens, Choice& ch) const;
-  // The probe clock: whether candidate `c` probes at this choice.
-  bool Probes(const Candidate& c) const {
-    return (choices_ + static_cast<int64_t>(c.id % kProbePeriod)) % kProbePeriod == 0;
+  // The probe clock: whether candidate `c` of `n` probes at this choice. The period grows with
+  // the batch (one probe every kProbeEvery steps on average) so that exploring costs a large
+  // batch no more pass tokens than a small one; the speculator set's shared prior still learns
+  // from every probe.
+  bool Probes(const Candidate& c, size_t n) const {
+    const int64_t period =
+        std::max<int64_t>(kProbePeriod, static_cast<int64_t>(n) * kProbeEvery);
+    return (choices_ + static_cast<int64_t>(c.id % static_cast<uint64_t>(period))) % period == 0;
   }
 
   PassCostModel cost_;
