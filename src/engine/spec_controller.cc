@@ -195,17 +195,30 @@ void SpecController::ObserveBudgetTree(const std::string& key, int32_t budget,
   draft_node_seconds_[key].Add(draft_seconds / nodes, kGlobalAlpha * 4);
 }
 
+SpecController::Choice SpecController::PlainChoice(size_t n, int32_t decoding,
+                                                   double base_tokens) const {
+  Choice ch;
+  ch.depth.assign(n, 0);
+  ch.plain_seconds = cost_.Predict(base_tokens) + overhead_.value;
+  ch.predicted_seconds = ch.plain_seconds;
+  ch.predicted_tokens = decoding;
+  return ch;
+}
+
+void SpecController::SetPredictedGain(Choice& ch, int32_t decoding) {
+  if (ch.plain_seconds > 0 && ch.predicted_seconds > 0 && decoding > 0) {
+    ch.predicted_gain =
+        (ch.predicted_tokens / ch.predicted_seconds) / (decoding / ch.plain_seconds);
+  }
+}
+
 SpecController::Choice SpecController::ChooseBudgets(std::span<const Candidate> candidates,
                                                      int32_t decoding, int32_t other_tokens,
                                                      int32_t max_tokens) {
   const size_t n = candidates.size();
-  Choice ch;
-  ch.depth.assign(n, 0);
-  ch.nodes.assign(n, 0);
   const double base_tokens = std::max(decoding, 0) + std::max(other_tokens, 0);
-  ch.plain_seconds = cost_.Predict(base_tokens) + overhead_.value;
-  ch.predicted_seconds = ch.plain_seconds;
-  ch.predicted_tokens = decoding;
+  Choice ch = PlainChoice(n, decoding, base_tokens);
+  ch.nodes.assign(n, 0);
 
   // Per candidate and rank k: r(k) = calibration * prob(k) (non-increasing), m(k) = P(k-th node
   // exists), s per node. Pseudo-counts as in Choose: an optimistic guess (0.6^k, every node
@@ -263,10 +276,7 @@ SpecController::Choice SpecController::ChooseBudgets(std::span<const Candidate> 
     ch.budget_tokens += b;
   }
   ++choices_;
-  if (ch.plain_seconds > 0 && ch.predicted_seconds > 0 && decoding > 0) {
-    ch.predicted_gain =
-        (ch.predicted_tokens / ch.predicted_seconds) / (decoding / ch.plain_seconds);
-  }
+  SetPredictedGain(ch, decoding);
   return ch;
 }
 
@@ -274,13 +284,8 @@ SpecController::Choice SpecController::Choose(std::span<const Candidate> candida
                                               int32_t decoding, int32_t other_tokens,
                                               int32_t max_tokens) {
   const size_t n = candidates.size();
-  Choice ch;
-  ch.depth.assign(n, 0);
   const double base_tokens = std::max(decoding, 0) + std::max(other_tokens, 0);
-  const double overhead = overhead_.value;
-  ch.plain_seconds = cost_.Predict(base_tokens) + overhead;
-  ch.predicted_seconds = ch.plain_seconds;
-  ch.predicted_tokens = decoding;
+  Choice ch = PlainChoice(n, decoding, base_tokens);
 
   // Per candidate: r(d) (made non-increasing: accepting d needs d - 1), m(d), s per level.
   std::vector<std::vector<double>> r(n), m(n);
@@ -299,17 +304,12 @@ SpecController::Choice SpecController::Choose(std::span<const Candidate> candida
       // full level of nodes) counts once, the speculator set's measurements up to kPriorWeight
       // times, the sequence's own up to kOwnWeight times.
       double wsum = 1, rsum = std::pow(0.6, d), msum = shape_m;
-      if (g != nullptr && k < g->accepted.size() && g->accepted[k].count > 0) {
-        const double w = std::min<double>(static_cast<double>(g->accepted[k].count), kPriorWeight);
+      for (const auto& [a, cap] : {std::pair{g, kPriorWeight}, std::pair{c.own, kOwnWeight}}) {
+        if (a == nullptr || k >= a->accepted.size() || a->accepted[k].count == 0) continue;
+        const double w = std::min<double>(static_cast<double>(a->accepted[k].count), cap);
         wsum += w;
-        rsum += w * g->accepted[k].value;
-        msum += w * g->nodes[k].value;
-      }
-      if (c.own != nullptr && k < c.own->accepted.size() && c.own->accepted[k].count > 0) {
-        const double w = std::min<double>(static_cast<double>(c.own->accepted[k].count), kOwnWeight);
-        wsum += w;
-        rsum += w * c.own->accepted[k].value;
-        msum += w * c.own->nodes[k].value;
+        rsum += w * a->accepted[k].value;
+        msum += w * a->nodes[k].value;
       }
       double rd = rsum / wsum;
       const double md = msum / wsum;
@@ -336,10 +336,7 @@ SpecController::Choice SpecController::Choose(std::span<const Candidate> candida
       const size_t k = static_cast<size_t>(d - 1);
       ch.budget_tokens += k < candidates[i].shape_nodes.size() ? candidates[i].shape_nodes[k] : 0;
     }
-  if (ch.plain_seconds > 0 && ch.predicted_seconds > 0 && decoding > 0) {
-    ch.predicted_gain =
-        (ch.predicted_tokens / ch.predicted_seconds) / (decoding / ch.plain_seconds);
-  }
+  SetPredictedGain(ch, decoding);
   return ch;
 }
 

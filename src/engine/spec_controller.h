@@ -204,6 +204,11 @@ class SpecController {
   SpecControllerSnapshot Snapshot() const;
 
  private:
+  // The plain step's choice, the start of Choose and ChooseBudgets: n candidates at depth 0,
+  // `decoding` tokens emitted in the predicted time of `base_tokens` pass tokens.
+  Choice PlainChoice(size_t n, int32_t decoding, double base_tokens) const;
+  // predicted_gain: the choice's tok/s over the plain step's.
+  static void SetPredictedGain(Choice& ch, int32_t decoding);
   // The greedy increments shared by Choose and ChooseBudgets: increment k (index k - 1) of
   // candidate i brings r[i][k - 1] expected tokens for m[i][k - 1] pass tokens and s[i] seconds
   // of drafting, and needs increment k - 1. Sets ch.predicted_tokens / _seconds and returns the
