@@ -116,6 +116,13 @@ class Block {
     return src < n_ ? slots[src] : value;
   }
 
+  // Every lane of the current (full) warp gives `value` and gets all 32, by lane.
+  const uint64_t* Gather(uint64_t value, const char* what) {
+    const int w = current_ / 32;
+    if (WarpSize(w) != 32) Fatal(std::string(what) + " in a partial warp of " + Where());
+    return Publish(0xffffffffu, value, what).data() + w * 32;
+  }
+
   unsigned Ballot(unsigned mask, bool pred) {
     const int w = current_ / 32;
     const std::vector<uint64_t>& slots = Publish(mask, pred ? 1 : 0, "a ballot");
@@ -309,6 +316,45 @@ uint64_t WarpExchange(unsigned mask, uint64_t value, int src_lane) {
   return Current().Exchange(mask, value, src_lane);
 }
 unsigned WarpBallot(unsigned mask, bool predicate) { return Current().Ballot(mask, predicate); }
+
+void WarpMma16816(bool bf16, float* d, const uint32_t* a, const uint32_t* b) {
+  struct Fragments {
+    const uint32_t* a;
+    const uint32_t* b;
+  };
+  const Fragments mine{a, b};
+  Block& block = Current();
+  const uint64_t* all = block.Gather(reinterpret_cast<uint64_t>(&mine), "a warp matrix product");
+  // Element e (0: low 16 bits) of a register holding two fp16 or bf16 values.
+  auto element = [bf16](uint32_t reg, int e) {
+    const uint16_t bits = static_cast<uint16_t>(e == 0 ? reg & 0xffffu : reg >> 16);
+    return bf16 ? std::bit_cast<float>(static_cast<uint32_t>(bits) << 16)
+                : __half2float(__ushort_as_half(bits));
+  };
+  // The PTX ISA's fragment layout of mma.m16n8k16 (.f16 and .bf16 inputs), lane L = 4 g + q.
+  float am[16][16], bm[16][8];
+  for (int l = 0; l < 32; ++l) {
+    const Fragments* f = reinterpret_cast<const Fragments*>(all[l]);
+    const int g = l / 4, q = l % 4;
+    for (int e = 0; e < 2; ++e) {
+      am[g][2 * q + e] = element(f->a[0], e);
+      am[g + 8][2 * q + e] = element(f->a[1], e);
+      am[g][2 * q + 8 + e] = element(f->a[2], e);
+      am[g + 8][2 * q + 8 + e] = element(f->a[3], e);
+      bm[2 * q + e][g] = element(f->b[0], e);
+      bm[2 * q + 8 + e][g] = element(f->b[1], e);
+    }
+  }
+  const int lane = LaneId(), g = lane / 4, q = lane % 4;
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + (i >= 2 ? 8 : 0), col = 2 * q + (i & 1);
+    float s = d[i];
+    for (int k = 0; k < 16; ++k) s = std::fma(am[row][k], bm[k][col], s);
+    d[i] = s;
+  }
+  // No lane may return (and free the fragments the others read) before every lane has read.
+  block.Gather(0, "a warp matrix product");
+}
 
 void Launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes,
             const std::function<void()>& body) {

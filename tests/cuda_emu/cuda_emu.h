@@ -53,6 +53,11 @@ void SyncThreads();
 // `src_lane` of this thread's warp gave.
 uint64_t WarpExchange(unsigned mask, uint64_t value, int src_lane);
 unsigned WarpBallot(unsigned mask, bool predicate);
+// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32 with D = C = d: the full warp's
+// fragments (PTX ISA layout: a[4] and b[2] registers of two 16-bit values, d[4] floats) are
+// gathered, and each output is d + sum_k a b as float32 fmas in k order (a GPU's tensor cores
+// sum in an order of their own: equal up to float32 rounding, not bit for bit).
+void WarpMma16816(bool bf16, float* d, const uint32_t* a, const uint32_t* b);
 int LaneId();
 
 // Runs `body` once per thread of every block of the launch; sets the error cudaGetLastError
