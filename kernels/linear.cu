@@ -2,6 +2,7 @@
 #include "kquant.cuh"
 #include "launch.cuh"
 #include "linear.cuh"
+#include "mma.cuh"
 
 namespace specinfer::kernels {
 namespace {
@@ -405,11 +406,327 @@ cudaError_t LaunchTyped(const void* w, int64_t rows, int64_t cols, const float* 
   }
 }
 
+// ---- Tensor-core path: F16 and BF16 weights, cols a multiple of 32 ----
+//
+// The float32 activations are split into 16-bit parts whose sum is x to about float32 precision,
+// and each part goes through the tensor cores against the (exact) 16-bit weights:
+//   F16:  x s = hi + lo, hi = fp16(x s), lo = fp16(x s - hi), s = 2^(14 - e) a per-token power of
+//         two that puts max |x s| in [2^13, 2^14) (fp16 would overflow at 65504 otherwise);
+//         y = (W hi + W lo) / s, exact division.
+//   BF16: x = hi + mid + lo, three bf16 roundings of what remains (bf16 has float32's range).
+// Order of additions for y[t, r], fixed by `cols` alone: the columns are cut into 32-column steps,
+// step k belongs to partition k % kMmaWarps; a partition's steps go in increasing order through
+// the tensor cores (each step: parts in order, two m16n8k16 products each, accumulating), and
+// the kMmaWarps partition sums are added in partition order. Neither the token count, the
+// token's place nor the shape chosen below changes it: batch-invariant, as the CUDA-core path.
+// Within a step a lane's 16-byte loads hold columns c..c+7 of its row; the tensor cores see them
+// permuted (columns c..c+3 as k = 2q, 2q+1, 2q+8, 2q+9 of the first product, c+4..c+7 of the
+// second), the same permutation for weights and activations, so the products are W x exactly.
+// Shape: a block of kMmaWarps warps owns 16 * kM rows and 8 * kT tokens; warp p computes
+// partition p for all of them, and the block adds the partitions through shared memory.
+
+constexpr int kMmaWarps = 8;
+constexpr int kMmaThreads = kMmaWarps * 32;
+
+__host__ __device__ constexpr bool UsesMma(ElemType t, int64_t cols) {
+  return (t == ElemType::kF16 || t == ElemType::kBF16) && cols % 32 == 0;
+}
+
+// scale[t] = 2^(14 - e) with max_c |x[t, c]| in [2^(e-1), 2^e), and scale[n + t] = 1 / scale[t];
+// 1 for a token of zeros or with infinities or NaNs (whose outputs are not finite anyway). One
+// block of 256 threads per token.
+__device__ __forceinline__ int ScaleShift(float max_abs) {
+  if (!(max_abs > 0.0f && max_abs <= 3.4e38f)) return 0;
+  int e = 0;
+  (void)frexpf(max_abs, &e);  // max_abs = f 2^e, f in [0.5, 1)
+  return max(-100, min(100, 14 - e));
+}
+
+__global__ void __launch_bounds__(256) TokenScaleKernel(const float* __restrict__ x, int64_t cols,
+                                                        int32_t n, float* __restrict__ scale) {
+  const float* xt = x + static_cast<int64_t>(blockIdx.x) * cols;
+  float m = 0.0f;
+  for (int64_t c = threadIdx.x; c < cols; c += 256) {
+    m = fmaxf(m, fabsf(xt[c]));  // as the product kernel's own scales (NaNs are passed over)
+  }
+  m = WarpMax(m);
+  __shared__ float part[8];
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int i = 1; i < 8; ++i) m = fmaxf(m, part[i]);
+    const int shift = ScaleShift(m);
+    scale[blockIdx.x] = ldexpf(1.0f, shift);
+    scale[n + blockIdx.x] = ldexpf(1.0f, -shift);
+  }
+}
+
+// Two 16-bit values as one register, the first in the low half.
+template <bool kBf16>
+__device__ __forceinline__ uint32_t Pack2(float a, float b) {
+  uint16_t lo, hi;
+  if constexpr (kBf16) {
+    lo = __bfloat16_as_ushort(__float2bfloat16_rn(a));
+    hi = __bfloat16_as_ushort(__float2bfloat16_rn(b));
+  } else {
+    lo = __half_as_ushort(__float2half_rn(a));
+    hi = __half_as_ushort(__float2half_rn(b));
+  }
+  return static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16;
+}
+
+template <bool kBf16>
+__device__ __forceinline__ float Round16(float v) {
+  if constexpr (kBf16) {
+    return __bfloat162float(__float2bfloat16_rn(v));
+  } else {
+    return __half2float(__float2half_rn(v));
+  }
+}
+
+// The B fragments of one step for this lane's token: parts[p][0..1] for the first product
+// (columns c..c+3), parts[p][2..3] for the second (c+4..c+7). v: x * scale for those columns.
+template <bool kBf16>
+__device__ __forceinline__ void SplitParts(float (&v)[8], uint32_t (&parts)[kBf16 ? 3 : 2][4]) {
+  constexpr int kParts = kBf16 ? 3 : 2;
+#pragma unroll
+  for (int p = 0; p < kParts; ++p) {
+    float r[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      r[i] = p + 1 < kParts ? Round16<kBf16>(v[i]) : v[i];
+      v[i] = __fsub_rn(v[i], r[i]);  // exact: what the next part must carry
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) parts[p][i] = Pack2<kBf16>(r[2 * i], r[2 * i + 1]);
+  }
+}
+
+// Blocks per SM ptxas must fit (no spills on sm_80/sm_90): 2 (128 registers) for one row tile
+// (decode's prefetched weights and activations), one for two (their 64 accumulators). A 4096-row
+// matrix has 256 blocks of one row tile: about 2 per SM of an H100 anyway.
+template <ElemType W, int kM, int kT>
+__global__ void __launch_bounds__(kMmaThreads, kM == 1 ? 2 : 1)
+    LinearMmaKernel(const uint16_t* __restrict__ w, int64_t rows, int64_t cols,
+                    const float* __restrict__ x, int32_t n, const float* __restrict__ scale,
+                    float* y, float beta) {
+  constexpr bool kBf16 = W == ElemType::kBF16;
+  constexpr int kParts = kBf16 ? 3 : 2;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 16 * kM;
+  const int t0 = static_cast<int>(blockIdx.y) * 8 * kT;
+
+  // This lane's weight rows (g and g + 8 of each 16-row tile; past the end: the last row, never
+  // written back) and its B-fragment token (g of each 8-token tile).
+  const uint16_t* wr[kM][2];
+#pragma unroll
+  for (int m = 0; m < kM; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = r0 + 16 * m + 8 * h + g;
+      wr[m][h] = w + (r < rows ? r : rows - 1) * cols;
+    }
+  // F16 scales: for up to 8 tokens the block computes its tokens' own (a maximum is exact, so
+  // they equal TokenScaleKernel's), which saves a dependent launch per product on the decode path;
+  // else from `scale` (TokenScaleKernel). The weights of the first steps are asked into L2 first,
+  // so the scan's latency overlaps their fetch.
+  constexpr bool kOwnScale = !kBf16 && kT == 1;
+  __shared__ float own_scale[kOwnScale ? 2 : 1][kOwnScale ? 8 * kT : 1];
+  if constexpr (kOwnScale) {
+    for (int64_t k = warp, u = 0; u < 4 && k < cols / 32; ++u, k += kMmaWarps) {
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        PrefetchL2(wr[m][0] + k * 32 + q * 8);
+        PrefetchL2(wr[m][1] + k * 32 + q * 8);
+      }
+    }
+    // `per` warps share a token (all 8 for decode).
+    __shared__ float warp_max[kMmaWarps];
+    const int nt = min(8, n - t0);
+    const int per = nt == 1 ? 8 : nt == 2 ? 4 : nt <= 4 ? 2 : 1;
+    const int j = warp / per;
+    float m = 0.0f;
+    if (j < nt) {
+      const float4* xt = reinterpret_cast<const float4*>(x + static_cast<int64_t>(t0 + j) * cols);
+      for (int64_t i = warp % per * 32 + lane; i < cols / 4; i += per * 32) {
+        const float4 v = xt[i];
+        m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+      }
+    }
+    m = WarpMax(m);
+    if (lane == 0) warp_max[warp] = m;
+    __syncthreads();
+    if (threadIdx.x < nt) {
+      m = 0.0f;
+      for (int w = threadIdx.x * per; w < (threadIdx.x + 1) * per; ++w) m = fmaxf(m, warp_max[w]);
+      const int shift = ScaleShift(m);
+      own_scale[0][threadIdx.x] = ldexpf(1.0f, shift);
+      own_scale[1][threadIdx.x] = ldexpf(1.0f, -shift);
+    }
+    __syncthreads();
+  }
+  float xs[kT];
+#pragma unroll
+  for (int j = 0; j < kT; ++j) {
+    const int t = t0 + 8 * j + g;
+    xs[j] = kBf16 || t >= n ? 1.0f : kOwnScale ? own_scale[0][8 * j + g] : scale[t];
+  }
+
+  float acc[kM][kT][4];
+#pragma unroll
+  for (int m = 0; m < kM; ++m)
+#pragma unroll
+    for (int j = 0; j < kT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[m][j][i] = 0.0f;
+
+  // kU steps of the partition per iteration, their weights (and, for up to 16 tokens, their
+  // activations) loaded before any is multiplied, so that many loads are in flight (decode is
+  // nothing but weight traffic); the steps still go through the tensor cores in increasing order.
+  constexpr int kU = kT == 1 ? 4 : 2;
+  constexpr bool kPrefetchX = kT <= 2;
+  const int64_t steps = cols / 32;
+  for (int64_t k = warp; k < steps; k += kU * kMmaWarps) {
+    const int64_t left = (steps - k + kMmaWarps - 1) / kMmaWarps;  // of this partition
+    const int here = left < kU ? static_cast<int>(left) : kU;
+    uint32_t a[kU][kM][2][4];
+    float4 xv[kPrefetchX ? kU : 1][kPrefetchX ? kT : 1][2];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      if (u != 0 && u >= here) break;
+      const int64_t c = (k + u * kMmaWarps) * 32 + q * 8;
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        const uint4 r = *reinterpret_cast<const uint4*>(wr[m][0] + c);
+        const uint4 v = *reinterpret_cast<const uint4*>(wr[m][1] + c);
+        a[u][m][0][0] = r.x, a[u][m][0][1] = v.x, a[u][m][0][2] = r.y, a[u][m][0][3] = v.y;
+        a[u][m][1][0] = r.z, a[u][m][1][1] = v.z, a[u][m][1][2] = r.w, a[u][m][1][3] = v.w;
+      }
+      if constexpr (kPrefetchX) {
+#pragma unroll
+        for (int j = 0; j < kT; ++j) xv[u][j][0] = xv[u][j][1] = make_float4(0, 0, 0, 0);
+#pragma unroll
+        for (int j = 0; j < kT; ++j) {
+          const int t = t0 + 8 * j + g;
+          if (t < n) {
+            const float* xt = x + static_cast<int64_t>(t) * cols + c;
+            xv[u][j][0] = *reinterpret_cast<const float4*>(xt);
+            xv[u][j][1] = *reinterpret_cast<const float4*>(xt + 4);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      if (u != 0 && u >= here) break;
+      const int64_t c = (k + u * kMmaWarps) * 32 + q * 8;
+#pragma unroll
+      for (int j = 0; j < kT; ++j) {
+        const int t = t0 + 8 * j + g;
+        float4 x0 = make_float4(0, 0, 0, 0), x1 = x0;
+        if constexpr (kPrefetchX) {
+          x0 = xv[u][j][0], x1 = xv[u][j][1];
+        } else if (t < n) {
+          const float* xt = x + static_cast<int64_t>(t) * cols + c;
+          x0 = *reinterpret_cast<const float4*>(xt);
+          x1 = *reinterpret_cast<const float4*>(xt + 4);
+        }
+        float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        if constexpr (!kBf16) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(v[i], xs[j]);  // exact: a power of two
+        }
+        uint32_t parts[kParts][4];
+        SplitParts<kBf16>(v, parts);
+#pragma unroll
+        for (int p = 0; p < kParts; ++p) {
+          const uint32_t b0[2] = {parts[p][0], parts[p][1]};
+          const uint32_t b1[2] = {parts[p][2], parts[p][3]};
+#pragma unroll
+          for (int m = 0; m < kM; ++m) {
+            Mma16816<kBf16>(acc[m][j], a[u][m][0], b0);
+            Mma16816<kBf16>(acc[m][j], a[u][m][1], b1);
+          }
+        }
+      }
+    }
+  }
+
+  // Partition sums in partition order, one 16-row tile at a time through shared memory.
+  __shared__ float part[kMmaWarps][kT * 32 * 4];
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+    __syncthreads();  // the previous tile's sums are read
+#pragma unroll
+    for (int j = 0; j < kT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) part[warp][(j * 32 + lane) * 4 + i] = acc[m][j][i];
+    __syncthreads();
+    for (int e = threadIdx.x; e < kT * 32 * 4; e += kMmaThreads) {
+      const int j = e / 128, l = e / 4 % 32, i = e % 4;
+      const int64_t r = r0 + 16 * m + l / 4 + (i >= 2 ? 8 : 0);
+      const int t = t0 + 8 * j + 2 * (l % 4) + (i & 1);
+      if (r >= rows || t >= n) continue;
+      float s = part[0][e];
+#pragma unroll
+      for (int p = 1; p < kMmaWarps; ++p) s = __fadd_rn(s, part[p][e]);
+      if constexpr (kOwnScale) {
+        s = __fmul_rn(s, own_scale[1][t - t0]);  // exact: a power of two
+      } else if constexpr (!kBf16) {
+        s = __fmul_rn(s, scale[n + t]);
+      }
+      float* out = y + static_cast<int64_t>(t) * rows + r;
+      *out = beta == 0.0f ? s : __fmaf_rn(beta, *out, s);
+    }
+  }
+}
+
+template <ElemType W, int kM, int kT>
+cudaError_t LaunchMmaShape(const void* w, int64_t rows, int64_t cols, const float* x, int32_t n,
+                           const float* scale, float* y, float beta, cudaStream_t stream) {
+  const int64_t gx = (rows + 16 * kM - 1) / (16 * kM);
+  const int64_t gy = (n + 8 * kT - 1) / (8 * kT);
+  if (gx > 0x7fffffff || gy > 65535) return cudaErrorInvalidValue;
+  SPECINFER_LAUNCH(dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), dim3(kMmaThreads),
+                   0, stream, LinearMmaKernel<W, kM, kT>)
+  (static_cast<const uint16_t*>(w), rows, cols, x, n, scale, y, beta);
+  return cudaGetLastError();
+}
+
+// Shapes by token count; any gives the same bits. A block reads its weight rows once for its
+// 8 kT tokens and the tokens' activations once for its 16 kM rows: more rows per block for
+// more tokens keeps activation traffic (from L2) near the weight traffic.
+template <ElemType W>
+cudaError_t LaunchMma(const void* w, int64_t rows, int64_t cols, const float* x, int32_t n,
+                      float* scratch, float* y, float beta, cudaStream_t stream) {
+  if constexpr (W == ElemType::kF16) {
+    if (scratch == nullptr) return cudaErrorInvalidValue;
+  }
+  if (W == ElemType::kF16 && n > 8) {
+    SPECINFER_LAUNCH(dim3(static_cast<unsigned>(n)), dim3(256), 0, stream, TokenScaleKernel)
+    (x, cols, n, scratch);
+    if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+  }
+  if (n <= 8) return LaunchMmaShape<W, 1, 1>(w, rows, cols, x, n, scratch, y, beta, stream);
+  if (n <= 16) return LaunchMmaShape<W, 1, 2>(w, rows, cols, x, n, scratch, y, beta, stream);
+  if (n <= 32) return LaunchMmaShape<W, 1, 4>(w, rows, cols, x, n, scratch, y, beta, stream);
+  return LaunchMmaShape<W, 2, 8>(w, rows, cols, x, n, scratch, y, beta, stream);
+}
+
 }  // namespace
 
+int64_t LinearScratchFloats(ElemType type, int64_t cols, int32_t n) {
+  return type == ElemType::kF16 && UsesMma(type, cols) ? 2 * int64_t{n} : 0;
+}
+
 cudaError_t LaunchLinear(ElemType type, const void* w, int64_t rows, int64_t cols, const float* x,
-                         int32_t n, float* y, float beta, cudaStream_t stream) {
+                         int32_t n, float* y, float beta, cudaStream_t stream, float* scratch) {
   if (rows <= 0 || cols <= 0 || n <= 0) return cudaErrorInvalidValue;
+  if (UsesMma(type, cols)) {
+    return type == ElemType::kF16
+               ? LaunchMma<ElemType::kF16>(w, rows, cols, x, n, scratch, y, beta, stream)
+               : LaunchMma<ElemType::kBF16>(w, rows, cols, x, n, scratch, y, beta, stream);
+  }
   switch (type) {
     case ElemType::kF32:
       return LaunchTyped<ElemType::kF32>(w, rows, cols, x, n, y, beta, stream);

@@ -15,7 +15,14 @@
 // and every warp reads it from there, so one activation load serves 4 weight rows and one
 // 16-byte weight load serves up to kTok tokens; the block's weight rows are read from memory
 // once per token tile (from L2 after the first tile).
-// Order of additions: lane l sums a fixed, strided subset of the columns (8-column groups l,
+// F16 and BF16 weights with cols a multiple of 32 (every real model's) run on tensor cores
+// instead (mma.m16n8k16, sm_80+): the float32 activations split into two fp16 parts (with a
+// per-token power-of-two scale against overflow) or three bf16 parts whose sum is x to float32
+// precision, each multiplied exactly by the 16-bit weights, accumulated in float32; the order of
+// every addition is again fixed by cols alone (see "Tensor-core path" in linear.cu), so this path
+// is batch-invariant too. Tolerance as below; the tensor cores' own summation order within a
+// 16-column product is the hardware's.
+// Order of additions (CUDA-core path): lane l sums a fixed, strided subset of the columns (8-column groups l,
 // l + 32, ...; for the block types, blocks l, l + 32, ...; for the K-quants, 32-element groups
 // of super-blocks l, l + 32, ...; single columns l, l + 32, ... when cols is not a multiple of 8)
 // in increasing column order with explicit fused multiply-adds,
@@ -23,7 +30,7 @@
 // and every token has its own accumulators, so the order of every addition for y[t, r] depends
 // only on `cols` and the type, never on n, kRw, kTok or the token's place in the batch: a
 // token's outputs are bit-identical whatever batch it is in (what token-tree verification
-// needs; cuBLAS promises no such thing). No tensor cores: their internal order is not ours.
+// needs; cuBLAS promises no such thing).
 // Q4_0/Q4_1/Q8_0 sum q * x per block and scale the sum; the K-quants' weights are first computed
 // exactly as the CPU's to_float gives them (kquant.cuh), then multiply-added column by column.
 // Tolerance against an fp64 reference on the same (dequantised) weights: 1e-5 * sum_c |W x|
@@ -39,7 +46,14 @@
 
 namespace specinfer::kernels {
 
+// Device scratch, in floats, that a product of this type and width needs for n tokens (F16 on
+// tensor cores: a scale and its inverse per token); 0 when none.
+int64_t LinearScratchFloats(ElemType type, int64_t cols, int32_t n);
+
+// `scratch`: LinearScratchFloats(type, cols, n) floats of device memory (may be null when that is
+// 0; else null is cudaErrorInvalidValue).
 cudaError_t LaunchLinear(ElemType type, const void* w, int64_t rows, int64_t cols, const float* x,
-                         int32_t n, float* y, float beta, cudaStream_t stream);
+                         int32_t n, float* y, float beta, cudaStream_t stream,
+                         float* scratch = nullptr);
 
 }  // namespace specinfer::kernels

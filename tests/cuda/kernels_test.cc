@@ -48,6 +48,14 @@ std::vector<int64_t> ColsFor(const TypePair& tp, std::vector<int64_t> plain,
   return kernels::IsKQuant(tp.etype) ? kquant : plain;
 }
 
+// Device scratch for kernels::LaunchLinear, valid until the next call.
+float* LinearScratch(ElemType type, int64_t cols, int32_t n) {
+  static std::unique_ptr<DeviceArray<float>> scratch;
+  scratch = std::make_unique<DeviceArray<float>>(
+      static_cast<size_t>(std::max<int64_t>(1, kernels::LinearScratchFloats(type, cols, n))));
+  return scratch->get();
+}
+
 // rows x cols random matrix of type t (bytes) and its float32 values from the CPU's to_float.
 void RandomMatrix(DType t, int64_t rows, int64_t cols, std::mt19937& rng,
                   std::vector<uint8_t>* bytes, std::vector<float>* values) {
@@ -156,7 +164,7 @@ TEST(CudaLinear, MatchesFp64ReferenceOnEveryType) {
             DeviceArray<uint8_t> dw(bytes);
             DeviceArray<float> dx(x), dy(y0);
             CUDA_OK(kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, dx.get(), n, dy.get(),
-                                          beta, nullptr));
+                                          beta, nullptr, LinearScratch(tp.etype, cols, n)));
             const std::vector<float> got = dy.Download();
             // Per-element tolerance: 1e-5 of the magnitude sum.
             std::vector<double> err(got.size()), zero(got.size(), 0.0);
@@ -186,7 +194,7 @@ TEST(CudaLinear, IsBatchInvariant) {
     DeviceArray<uint8_t> dw(bytes);
     DeviceArray<float> dx(x), dy(static_cast<size_t>(n * rows));
     CUDA_OK(kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, dx.get(), n, dy.get(), 0.0f,
-                                  nullptr));
+                                  nullptr, LinearScratch(tp.etype, cols, n)));
     const std::vector<float> all = dy.Download();
     for (int32_t t : {0, 1, 7, 8, 20}) {
       for (int32_t count : {1, 2, 3, 4, 5, 9}) {
@@ -195,7 +203,7 @@ TEST(CudaLinear, IsBatchInvariant) {
             std::vector<float>(x.begin() + t * cols, x.begin() + (t + count) * cols));
         DeviceArray<float> sy(static_cast<size_t>(count * rows));
         CUDA_OK(kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, sx.get(), count, sy.get(),
-                                      0.0f, nullptr));
+                                      0.0f, nullptr, LinearScratch(tp.etype, cols, count)));
         const std::vector<float> part = sy.Download();
         const std::vector<float> want(all.begin() + t * rows, all.begin() + (t + count) * rows);
         EXPECT_ALL_CLOSE(part, want, 0.0, 0.0,
@@ -229,7 +237,7 @@ TEST(CudaLinear, TilesAndChunksKeepTheOrder) {
       DeviceArray<uint8_t> dw(bytes);
       DeviceArray<float> dx(x), dy(static_cast<size_t>(n * rows));
       CUDA_OK(kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, dx.get(), n, dy.get(), 0.0f,
-                                    nullptr));
+                                    nullptr, LinearScratch(tp.etype, cols, n)));
       const std::vector<float> all = dy.Download();
 
       std::vector<double> err(all.size()), zero(all.size(), 0.0);
@@ -248,7 +256,7 @@ TEST(CudaLinear, TilesAndChunksKeepTheOrder) {
               std::vector<float>(x.begin() + t * cols, x.begin() + (t + count) * cols));
           DeviceArray<float> sy(static_cast<size_t>(count * rows));
           CUDA_OK(kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, sx.get(), count, sy.get(),
-                                        0.0f, nullptr));
+                                        0.0f, nullptr, LinearScratch(tp.etype, cols, count)));
           const std::vector<float> want(all.begin() + t * rows, all.begin() + (t + count) * rows);
           EXPECT_ALL_CLOSE(
               sy.Download(), want, 0.0, 0.0,
@@ -280,18 +288,70 @@ TEST(CudaLinear, KQuantsReadTheCpuWeightsExactly) {
     DeviceArray<uint8_t> dw(bytes);
     DeviceArray<float> dx(x), dy(want.size());
     CUDA_OK(kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, dx.get(), n, dy.get(), 0.0f,
-                                  nullptr));
+                                  nullptr, LinearScratch(tp.etype, cols, n)));
     EXPECT_ALL_CLOSE(dy.Download(), want, 0.0, 0.0, std::string(DTypeName(tp.dtype)) + " tiled");
     for (int32_t t : {0, 17, 255, 256, 300, 511}) {
       DeviceArray<float> sx(std::vector<float>(x.begin() + t * cols, x.begin() + (t + 1) * cols));
       DeviceArray<float> sy(static_cast<size_t>(rows));
       CUDA_OK(kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, sx.get(), 1, sy.get(), 0.0f,
-                                    nullptr));
+                                    nullptr, LinearScratch(tp.etype, cols, 1)));
       EXPECT_ALL_CLOSE(sy.Download(),
                        std::vector<float>(want.begin() + t * rows, want.begin() + (t + 1) * rows),
                        0.0, 0.0, std::string(DTypeName(tp.dtype)) + " column " + std::to_string(t));
     }
   }
+}
+
+// The 16-bit weight types run on tensor cores with the activations split into 16-bit parts (fp16
+// with a per-token power-of-two scale, bf16 in three parts): they must keep float32 precision at
+// activation scales far outside fp16's range (1e-30 to 1e30) and with outliers beside small
+// values, the F16 path without scratch is refused, and a token's outputs stay bit-identical in any
+// batch at every scale.
+TEST(CudaLinear, SixteenBitWeightsKeepFloatPrecisionAtAnyActivationScale) {
+  std::mt19937 rng(18);
+  const int64_t rows = 40, cols = 512;
+  const int32_t n = 6;
+  for (const TypePair& tp : {kTypes[1], kTypes[2]}) {
+    std::vector<uint8_t> bytes;
+    std::vector<float> wv;
+    RandomMatrix(tp.dtype, rows, cols, rng, &bytes, &wv);
+    DeviceArray<uint8_t> dw(bytes);
+    for (float magnitude : {1e-30f, 1e-6f, 1.0f, 7e4f, 1e30f}) {
+      std::vector<float> x = testing::RandomActivations(n * cols, rng);
+      for (float& v : x) v *= magnitude;
+      x[3] = 3e4f * magnitude;  // an outlier beside values 30000 times smaller
+      x[cols + 5] = -1e-4f * magnitude;
+      const std::string what = std::string(DTypeName(tp.dtype)) + " activations ~" +
+                               std::to_string(magnitude);
+      DeviceArray<float> dx(x), dy(static_cast<size_t>(n * rows));
+      CUDA_OK(kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, dx.get(), n, dy.get(), 0.0f,
+                                    nullptr, LinearScratch(tp.etype, cols, n)));
+      const std::vector<float> all = dy.Download();
+      std::vector<double> err(all.size()), zero(all.size(), 0.0);
+      for (int32_t t = 0; t < n; ++t)
+        for (int64_t r = 0; r < rows; ++r) {
+          double a = 0;
+          const double s = Fp64Output(wv, x, cols, t, r, &a);
+          err[t * rows + r] = std::fabs(all[t * rows + r] - s) / (1e-300 + a);
+        }
+      EXPECT_ALL_CLOSE(err, zero, 1e-5, 0.0, what + " (relative error)");
+      for (int32_t t : {0, 1, 5}) {
+        DeviceArray<float> sx(std::vector<float>(x.begin() + t * cols, x.begin() + (t + 1) * cols));
+        DeviceArray<float> sy(static_cast<size_t>(rows));
+        CUDA_OK(kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, sx.get(), 1, sy.get(), 0.0f,
+                                      nullptr, LinearScratch(tp.etype, cols, 1)));
+        EXPECT_ALL_CLOSE(sy.Download(),
+                         std::vector<float>(all.begin() + t * rows, all.begin() + (t + 1) * rows),
+                         0.0, 0.0, what + " token " + std::to_string(t) + " alone");
+      }
+    }
+  }
+  EXPECT_GT(kernels::LinearScratchFloats(ElemType::kF16, cols, n), 0);
+  DeviceArray<float> dx(static_cast<size_t>(cols)), dy(static_cast<size_t>(rows));
+  DeviceArray<uint8_t> dw(static_cast<size_t>(rows * cols * 2));
+  EXPECT_EQ(kernels::LaunchLinear(ElemType::kF16, dw.get(), rows, cols, dx.get(), 1, dy.get(), 0.0f,
+                                  nullptr, nullptr),
+            cudaErrorInvalidValue);
 }
 
 TEST(CudaRope, MatchesCpuRopeTableBitForBit) {

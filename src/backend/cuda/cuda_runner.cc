@@ -154,6 +154,7 @@ struct CudaModelRunner::Impl {
   __half* w16 = nullptr;  // a dequantised weight matrix for cuBLAS
   float* partial_out = nullptr;
   float* partial_ml = nullptr;
+  float* linear_scratch = nullptr;  // kernels::LaunchLinear's, for up to N tokens
   int64_t partial_rows = 0;
   int32_t attn_chunk = 0;
 
@@ -354,6 +355,9 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   partial_rows = max_chunks > 1 ? n * c.n_heads * max_chunks : 0;
   const int64_t po_off = partial_rows > 0 ? wsa.Add(4 * partial_rows * c.head_dim) : -1;
   const int64_t pml_off = partial_rows > 0 ? wsa.Add(8 * partial_rows) : -1;
+  const int64_t ls_off = wsa.Add(
+      4 * kernels::LinearScratchFloats(ElemType::kF16, 32,
+                                       static_cast<int32_t>(std::max<int64_t>(n, logit_chunk))));
   plan.workspace = wsa.size;
 
   // --- allocate everything up front ---
@@ -447,6 +451,7 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   w16 = w16_off >= 0 ? reinterpret_cast<__half*>(ws + w16_off) : nullptr;
   partial_out = po_off >= 0 ? f(po_off) : nullptr;
   partial_ml = pml_off >= 0 ? f(pml_off) : nullptr;
+  linear_scratch = f(ls_off);
 
   // Metadata for a typical pass; grows if a pass needs more.
   SI_RETURN_IF_ERROR(meta.Reserve(int64_t{64} << 10, "pass metadata"));
@@ -460,7 +465,8 @@ Status CudaModelRunner::Impl::Matmul(const DeviceMatrix& w, const float* xin, in
                                      float beta, bool use_cublas) {
   if (!use_cublas || x16 == nullptr) {
     return CudaStatus(
-        kernels::LaunchLinear(w.type, w.data, w.rows, w.cols, xin, n, y, beta, stream),
+        kernels::LaunchLinear(w.type, w.data, w.rows, w.cols, xin, n, y, beta, stream,
+                              linear_scratch),
         "linear kernel");
   }
   const float alpha = 1.0f;
