@@ -432,35 +432,6 @@ __host__ __device__ constexpr bool UsesMma(ElemType t, int64_t cols) {
   return (t == ElemType::kF16 || t == ElemType::kBF16) && cols % 32 == 0;
 }
 
-// scale[t] = 2^(14 - e) with max_c |x[t, c]| in [2^(e-1), 2^e), and scale[n + t] = 1 / scale[t];
-// 1 for a token of zeros or with infinities or NaNs (whose outputs are not finite anyway). One
-// block of 256 threads per token.
-__device__ __forceinline__ int ScaleShift(float max_abs) {
-  if (!(max_abs > 0.0f && max_abs <= 3.4e38f)) return 0;
-  int e = 0;
-  (void)frexpf(max_abs, &e);  // max_abs = f 2^e, f in [0.5, 1)
-  return max(-100, min(100, 14 - e));
-}
-
-__global__ void __launch_bounds__(256) TokenScaleKernel(const float* __restrict__ x, int64_t cols,
-                                                        int32_t n, float* __restrict__ scale) {
-  const float* xt = x + static_cast<int64_t>(blockIdx.x) * cols;
-  float m = 0.0f;
-  for (int64_t c = threadIdx.x; c < cols; c += 256) {
-    m = fmaxf(m, fabsf(xt[c]));  // as the product kernel's own scales (NaNs are passed over)
-  }
-  m = WarpMax(m);
-  __shared__ float part[8];
-  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = m;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int i = 1; i < 8; ++i) m = fmaxf(m, part[i]);
-    const int shift = ScaleShift(m);
-    scale[blockIdx.x] = ldexpf(1.0f, shift);
-    scale[n + blockIdx.x] = ldexpf(1.0f, -shift);
-  }
-}
-
 // Two 16-bit values as one register, the first in the low half.
 template <bool kBf16>
 __device__ __forceinline__ uint32_t Pack2(float a, float b) {
@@ -502,6 +473,67 @@ __device__ __forceinline__ void SplitParts(float (&v)[8], uint32_t (&parts)[kBf1
   }
 }
 
+// log2 of the F16 scale of a token whose largest |x| is max_abs: max_abs 2^shift in [2^13, 2^14)
+// (0 for zeros or infinities).
+__device__ __forceinline__ int ScaleShift(float max_abs) {
+  if (!(max_abs > 0.0f && max_abs <= 3.4e38f)) return 0;
+  int e = 0;
+  (void)frexpf(max_abs, &e);  // max_abs = f 2^e, f in [0.5, 1)
+  return max(-100, min(100, 14 - e));
+}
+
+// Where the pre-split activations start in the scratch (floats; 16-byte aligned): after the F16
+// scales, scale[t] and scale[n + t] = 1 / scale[t].
+__host__ __device__ constexpr int64_t PartsOffset(int32_t n) { return (2 * int64_t{n} + 3) / 4 * 4; }
+
+// For more than 8 tokens the activations are split once, here, rather than by every block of the
+// product: parts[p][t][c] (16-bit), p < 2 (F16) or 3 (BF16), by the same arithmetic as the
+// product kernel's own split (SplitParts), so either gives the same bits. F16 first finds
+// scale[t] = 2^(14 - e) with max_c |x[t, c]| in [2^(e-1), 2^e) (1 for a token of zeros or with
+// infinities; NaNs are passed over), and scale[n + t] = 1 / scale[t]. One block per token.
+template <bool kBf16>
+__global__ void __launch_bounds__(256)
+    SplitKernel(const float* __restrict__ x, int64_t cols, int32_t n, float* __restrict__ scale,
+                uint16_t* __restrict__ parts) {
+  const int t = blockIdx.x;
+  const float* xt = x + static_cast<int64_t>(t) * cols;
+  float s = 1.0f;
+  if constexpr (!kBf16) {
+    float m = 0.0f;
+    for (int64_t c = threadIdx.x; c < cols; c += 256) m = fmaxf(m, fabsf(xt[c]));
+    m = WarpMax(m);
+    __shared__ float part[8];
+    __shared__ float block_scale;
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int i = 1; i < 8; ++i) m = fmaxf(m, part[i]);
+      const int shift = ScaleShift(m);
+      block_scale = scale[t] = ldexpf(1.0f, shift);
+      scale[n + t] = ldexpf(1.0f, -shift);
+    }
+    __syncthreads();
+    s = block_scale;
+  }
+  constexpr int kParts = kBf16 ? 3 : 2;
+  for (int64_t c = threadIdx.x * 8; c < cols; c += 256 * 8) {
+    const float4 x0 = *reinterpret_cast<const float4*>(xt + c);
+    const float4 x1 = *reinterpret_cast<const float4*>(xt + c + 4);
+    float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    if constexpr (!kBf16) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(v[i], s);
+    }
+    uint32_t p[kParts][4];
+    SplitParts<kBf16>(v, p);
+#pragma unroll
+    for (int k = 0; k < kParts; ++k) {
+      *reinterpret_cast<uint4*>(parts + (static_cast<int64_t>(k) * n + t) * cols + c) =
+          make_uint4(p[k][0], p[k][1], p[k][2], p[k][3]);
+    }
+  }
+}
+
 // Blocks per SM ptxas must fit (no spills on sm_80/sm_90): 2 (128 registers) for one row tile
 // (decode's prefetched weights and activations), one for two (their 64 accumulators). A 4096-row
 // matrix has 256 blocks of one row tile: about 2 per SM of an H100 anyway.
@@ -509,9 +541,11 @@ template <ElemType W, int kM, int kT>
 __global__ void __launch_bounds__(kMmaThreads, kM == 1 ? 2 : 1)
     LinearMmaKernel(const uint16_t* __restrict__ w, int64_t rows, int64_t cols,
                     const float* __restrict__ x, int32_t n, const float* __restrict__ scale,
-                    float* y, float beta) {
+                    const uint16_t* __restrict__ split, float* y, float beta) {
   constexpr bool kBf16 = W == ElemType::kBF16;
   constexpr int kParts = kBf16 ? 3 : 2;
+  // More than 8 tokens: the activations come split (SplitKernel); else the block splits them.
+  constexpr bool kPreSplit = kT > 1;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 16 * kM;
   const int t0 = static_cast<int>(blockIdx.y) * 8 * kT;
@@ -527,8 +561,8 @@ __global__ void __launch_bounds__(kMmaThreads, kM == 1 ? 2 : 1)
       wr[m][h] = w + (r < rows ? r : rows - 1) * cols;
     }
   // F16 scales: for up to 8 tokens the block computes its tokens' own (a maximum is exact, so
-  // they equal TokenScaleKernel's), which saves a dependent launch per product on the decode path;
-  // else from `scale` (TokenScaleKernel). The weights of the first steps are asked into L2 first,
+  // they equal SplitKernel's), which saves a dependent launch per product on the decode path;
+  // else from `scale` (SplitKernel). The weights of the first steps are asked into L2 first,
   // so the scan's latency overlaps their fetch.
   constexpr bool kOwnScale = !kBf16 && kT == 1;
   __shared__ float own_scale[kOwnScale ? 2 : 1][kOwnScale ? 8 * kT : 1];
@@ -569,7 +603,7 @@ __global__ void __launch_bounds__(kMmaThreads, kM == 1 ? 2 : 1)
 #pragma unroll
   for (int j = 0; j < kT; ++j) {
     const int t = t0 + 8 * j + g;
-    xs[j] = kBf16 || t >= n ? 1.0f : kOwnScale ? own_scale[0][8 * j + g] : scale[t];
+    xs[j] = kOwnScale && t < n ? own_scale[0][8 * j + g] : 1.0f;
   }
 
   float acc[kM][kT][4];
@@ -584,7 +618,7 @@ __global__ void __launch_bounds__(kMmaThreads, kM == 1 ? 2 : 1)
   // activations) loaded before any is multiplied, so that many loads are in flight (decode is
   // nothing but weight traffic); the steps still go through the tensor cores in increasing order.
   constexpr int kU = kT == 1 ? 4 : 2;
-  constexpr bool kPrefetchX = kT <= 2;
+  constexpr bool kPrefetchX = !kPreSplit;
   const int64_t steps = cols / 32;
   for (int64_t k = warp; k < steps; k += kU * kMmaWarps) {
     const int64_t left = (steps - k + kMmaWarps - 1) / kMmaWarps;  // of this partition
@@ -623,21 +657,24 @@ __global__ void __launch_bounds__(kMmaThreads, kM == 1 ? 2 : 1)
 #pragma unroll
       for (int j = 0; j < kT; ++j) {
         const int t = t0 + 8 * j + g;
-        float4 x0 = make_float4(0, 0, 0, 0), x1 = x0;
-        if constexpr (kPrefetchX) {
-          x0 = xv[u][j][0], x1 = xv[u][j][1];
-        } else if (t < n) {
-          const float* xt = x + static_cast<int64_t>(t) * cols + c;
-          x0 = *reinterpret_cast<const float4*>(xt);
-          x1 = *reinterpret_cast<const float4*>(xt + 4);
-        }
-        float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-        if constexpr (!kBf16) {
-#pragma unroll
-          for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(v[i], xs[j]);  // exact: a power of two
-        }
         uint32_t parts[kParts][4];
-        SplitParts<kBf16>(v, parts);
+        if constexpr (kPreSplit) {
+#pragma unroll
+          for (int p = 0; p < kParts; ++p) {
+            uint4 h = make_uint4(0, 0, 0, 0);
+            if (t < n) h = *reinterpret_cast<const uint4*>(split + (int64_t{p} * n + t) * cols + c);
+            parts[p][0] = h.x, parts[p][1] = h.y, parts[p][2] = h.z, parts[p][3] = h.w;
+          }
+        } else {
+          float4 x0 = make_float4(0, 0, 0, 0), x1 = x0;
+          if constexpr (kPrefetchX) x0 = xv[u][j][0], x1 = xv[u][j][1];
+          float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+          if constexpr (!kBf16) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(v[i], xs[j]);  // exact: a power of two
+          }
+          SplitParts<kBf16>(v, parts);
+        }
 #pragma unroll
         for (int p = 0; p < kParts; ++p) {
           const uint32_t b0[2] = {parts[p][0], parts[p][1]};
@@ -683,13 +720,15 @@ __global__ void __launch_bounds__(kMmaThreads, kM == 1 ? 2 : 1)
 
 template <ElemType W, int kM, int kT>
 cudaError_t LaunchMmaShape(const void* w, int64_t rows, int64_t cols, const float* x, int32_t n,
-                           const float* scale, float* y, float beta, cudaStream_t stream) {
+                           float* scratch, float* y, float beta, cudaStream_t stream) {
   const int64_t gx = (rows + 16 * kM - 1) / (16 * kM);
   const int64_t gy = (n + 8 * kT - 1) / (8 * kT);
   if (gx > 0x7fffffff || gy > 65535) return cudaErrorInvalidValue;
+  const uint16_t* split =
+      kT > 1 ? reinterpret_cast<const uint16_t*>(scratch + PartsOffset(n)) : nullptr;
   SPECINFER_LAUNCH(dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), dim3(kMmaThreads),
                    0, stream, LinearMmaKernel<W, kM, kT>)
-  (static_cast<const uint16_t*>(w), rows, cols, x, n, scale, y, beta);
+  (static_cast<const uint16_t*>(w), rows, cols, x, n, scratch, split, y, beta);
   return cudaGetLastError();
 }
 
@@ -699,15 +738,12 @@ cudaError_t LaunchMmaShape(const void* w, int64_t rows, int64_t cols, const floa
 template <ElemType W>
 cudaError_t LaunchMma(const void* w, int64_t rows, int64_t cols, const float* x, int32_t n,
                       float* scratch, float* y, float beta, cudaStream_t stream) {
-  if constexpr (W == ElemType::kF16) {
-    if (scratch == nullptr) return cudaErrorInvalidValue;
-  }
-  if (W == ElemType::kF16 && n > 8) {
-    SPECINFER_LAUNCH(dim3(static_cast<unsigned>(n)), dim3(256), 0, stream, TokenScaleKernel)
-    (x, cols, n, scratch);
-    if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
-  }
   if (n <= 8) return LaunchMmaShape<W, 1, 1>(w, rows, cols, x, n, scratch, y, beta, stream);
+  if (scratch == nullptr) return cudaErrorInvalidValue;
+  SPECINFER_LAUNCH(dim3(static_cast<unsigned>(n)), dim3(256), 0, stream,
+                   SplitKernel<W == ElemType::kBF16>)
+  (x, cols, n, scratch, reinterpret_cast<uint16_t*>(scratch + PartsOffset(n)));
+  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   if (n <= 16) return LaunchMmaShape<W, 1, 2>(w, rows, cols, x, n, scratch, y, beta, stream);
   if (n <= 32) return LaunchMmaShape<W, 1, 4>(w, rows, cols, x, n, scratch, y, beta, stream);
   return LaunchMmaShape<W, 2, 8>(w, rows, cols, x, n, scratch, y, beta, stream);
@@ -716,7 +752,10 @@ cudaError_t LaunchMma(const void* w, int64_t rows, int64_t cols, const float* x,
 }  // namespace
 
 int64_t LinearScratchFloats(ElemType type, int64_t cols, int32_t n) {
-  return type == ElemType::kF16 && UsesMma(type, cols) ? 2 * int64_t{n} : 0;
+  if (!UsesMma(type, cols)) return 0;
+  if (n <= 8) return 0;  // the product kernel splits the activations itself
+  // The F16 scales, then 2 (F16) or 3 (BF16) 16-bit parts per activation.
+  return PartsOffset(n) + (type == ElemType::kF16 ? 2 : 3) * int64_t{n} * cols / 2;
 }
 
 cudaError_t LaunchLinear(ElemType type, const void* w, int64_t rows, int64_t cols, const float* x,

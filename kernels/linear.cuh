@@ -18,7 +18,8 @@
 // F16 and BF16 weights with cols a multiple of 32 (every real model's) run on tensor cores
 // instead (mma.m16n8k16, sm_80+): the float32 activations split into two fp16 parts (with a
 // per-token power-of-two scale against overflow) or three bf16 parts whose sum is x to float32
-// precision, each multiplied exactly by the 16-bit weights, accumulated in float32; the order of
+// precision (split by each block for up to 8 tokens, once by a first kernel for more), each
+// multiplied exactly by the 16-bit weights, accumulated in float32; the order of
 // every addition is again fixed by cols alone (see "Tensor-core path" in linear.cu), so this path
 // is batch-invariant too. Tolerance as below; the tensor cores' own summation order within a
 // 16-column product is the hardware's.
@@ -46,8 +47,9 @@
 
 namespace specinfer::kernels {
 
-// Device scratch, in floats, that a product of this type and width needs for n tokens (F16 on
-// tensor cores: a scale and its inverse per token); 0 when none.
+// Device scratch, in floats, that a product of this type and width needs for n tokens (the
+// tensor-core path for more than 8 tokens: the activations split once into their 16-bit parts,
+// and F16's scales); 0 when none.
 int64_t LinearScratchFloats(ElemType type, int64_t cols, int32_t n);
 
 // `scratch`: LinearScratchFloats(type, cols, n) floats of device memory (may be null when that is

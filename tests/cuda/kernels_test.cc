@@ -305,12 +305,13 @@ TEST(CudaLinear, KQuantsReadTheCpuWeightsExactly) {
 // The 16-bit weight types run on tensor cores with the activations split into 16-bit parts (fp16
 // with a per-token power-of-two scale, bf16 in three parts): they must keep float32 precision at
 // activation scales far outside fp16's range (1e-30 to 1e30) and with outliers beside small
-// values, the F16 path without scratch is refused, and a token's outputs stay bit-identical in any
-// batch at every scale.
+// values, a batch of more than 8 tokens without scratch is refused, and a token's outputs stay
+// bit-identical in any batch at every scale (alone: split by the product kernel; in the batch of
+// 12: split once by a first kernel).
 TEST(CudaLinear, SixteenBitWeightsKeepFloatPrecisionAtAnyActivationScale) {
   std::mt19937 rng(18);
   const int64_t rows = 40, cols = 512;
-  const int32_t n = 6;
+  const int32_t n = 12;
   for (const TypePair& tp : {kTypes[1], kTypes[2]}) {
     std::vector<uint8_t> bytes;
     std::vector<float> wv;
@@ -335,7 +336,7 @@ TEST(CudaLinear, SixteenBitWeightsKeepFloatPrecisionAtAnyActivationScale) {
           err[t * rows + r] = std::fabs(all[t * rows + r] - s) / (1e-300 + a);
         }
       EXPECT_ALL_CLOSE(err, zero, 1e-5, 0.0, what + " (relative error)");
-      for (int32_t t : {0, 1, 5}) {
+      for (int32_t t : {0, 1, 5, 11}) {
         DeviceArray<float> sx(std::vector<float>(x.begin() + t * cols, x.begin() + (t + 1) * cols));
         DeviceArray<float> sy(static_cast<size_t>(rows));
         CUDA_OK(kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, sx.get(), 1, sy.get(), 0.0f,
@@ -346,12 +347,17 @@ TEST(CudaLinear, SixteenBitWeightsKeepFloatPrecisionAtAnyActivationScale) {
       }
     }
   }
-  EXPECT_GT(kernels::LinearScratchFloats(ElemType::kF16, cols, n), 0);
-  DeviceArray<float> dx(static_cast<size_t>(cols)), dy(static_cast<size_t>(rows));
+  // More than 8 tokens need the scratch (the activations are split once, for every block).
+  const int32_t many = 12;
+  DeviceArray<float> dx(static_cast<size_t>(many * cols)), dy(static_cast<size_t>(many * rows));
   DeviceArray<uint8_t> dw(static_cast<size_t>(rows * cols * 2));
-  EXPECT_EQ(kernels::LaunchLinear(ElemType::kF16, dw.get(), rows, cols, dx.get(), 1, dy.get(), 0.0f,
-                                  nullptr, nullptr),
-            cudaErrorInvalidValue);
+  for (ElemType type : {ElemType::kF16, ElemType::kBF16}) {
+    EXPECT_EQ(kernels::LinearScratchFloats(type, cols, 8), 0);
+    EXPECT_GE(kernels::LinearScratchFloats(type, cols, many), int64_t{many} * cols);
+    EXPECT_EQ(kernels::LaunchLinear(type, dw.get(), rows, cols, dx.get(), many, dy.get(), 0.0f,
+                                    nullptr, nullptr),
+              cudaErrorInvalidValue);
+  }
 }
 
 TEST(CudaRope, MatchesCpuRopeTableBitForBit) {

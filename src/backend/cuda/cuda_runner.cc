@@ -355,9 +355,11 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   partial_rows = max_chunks > 1 ? n * c.n_heads * max_chunks : 0;
   const int64_t po_off = partial_rows > 0 ? wsa.Add(4 * partial_rows * c.head_dim) : -1;
   const int64_t pml_off = partial_rows > 0 ? wsa.Add(8 * partial_rows) : -1;
-  const int64_t ls_off = wsa.Add(
-      4 * kernels::LinearScratchFloats(ElemType::kF16, 32,
-                                       static_cast<int32_t>(std::max<int64_t>(n, logit_chunk))));
+  // The tensor-core products' split activations (BF16's three parts are the larger).
+  const int64_t ls_off = wsa.Add(std::max<int64_t>(
+      16, 4 * kernels::LinearScratchFloats(
+                  ElemType::kBF16, (max_in + 31) / 32 * 32,
+                  static_cast<int32_t>(std::max<int64_t>(n, logit_chunk)))));
   plan.workspace = wsa.size;
 
   // --- allocate everything up front ---
