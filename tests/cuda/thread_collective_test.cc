@@ -56,33 +56,33 @@ TEST(ThreadCollective, AllGatherUnevenAndPipelineMessages) {
   ASSERT_TRUE(group.ok()) << group.status().ToString();
   const std::vector<size_t> counts = {3, 5};
   std::vector<std::vector<float>> gathered(4), received(4);
-  const auto results = RunRanks(**group, 2, 2, [&](int32_t s, int32_t r, DeviceCollective& c,
-                                                   cudaStream_t stream) -> Status {
-    const size_t me = static_cast<size_t>(s * 2 + r);
-    std::vector<float> mine(counts[static_cast<size_t>(r)]);
-    for (size_t i = 0; i < mine.size(); ++i) mine[i] = 100.0f * s + 10.0f * r + i;
-    testing::DeviceArray<float> in(mine), out(8);
-    for (int round = 0; round < 3; ++round)  // the barrier is reusable
-      SI_RETURN_IF_ERROR(c.AllGather(in.get(), out.get(), counts, stream));
-    SI_RETURN_IF_ERROR(c.Synchronize(stream));
-    gathered[me] = out.Download();
-    testing::DeviceArray<float> msg(4);
-    if (s == 0) {
-      // Two messages in a row: they arrive in order.
-      testing::DeviceArray<float> a(std::vector<float>{1, 2, 3, 4 + 10.0f * r});
-      testing::DeviceArray<float> b(std::vector<float>{5, 6, 7, 8 + 10.0f * r});
-      SI_RETURN_IF_ERROR(c.SendToNextStage(a.get(), 4, stream));
-      SI_RETURN_IF_ERROR(c.SendToNextStage(b.get(), 4, stream));
-    } else {
-      for (int i = 0; i < 2; ++i) {
-        SI_RETURN_IF_ERROR(c.RecvFromPrevStage(msg.get(), 4, stream));
+  const auto results = RunRanks(
+      **group, 2, 2, [&](int32_t s, int32_t r, DeviceCollective& c, cudaStream_t stream) -> Status {
+        const size_t me = static_cast<size_t>(s * 2 + r);
+        std::vector<float> mine(counts[static_cast<size_t>(r)]);
+        for (size_t i = 0; i < mine.size(); ++i) mine[i] = 100.0f * s + 10.0f * r + i;
+        testing::DeviceArray<float> in(mine), out(8);
+        for (int round = 0; round < 3; ++round)  // the barrier is reusable
+          SI_RETURN_IF_ERROR(c.AllGather(in.get(), out.get(), counts, stream));
         SI_RETURN_IF_ERROR(c.Synchronize(stream));
-        const std::vector<float> got = msg.Download();
-        received[me].insert(received[me].end(), got.begin(), got.end());
-      }
-    }
-    return c.Synchronize(stream);
-  });
+        gathered[me] = out.Download();
+        testing::DeviceArray<float> msg(4);
+        if (s == 0) {
+          // Two messages in a row: they arrive in order.
+          testing::DeviceArray<float> a(std::vector<float>{1, 2, 3, 4 + 10.0f * r});
+          testing::DeviceArray<float> b(std::vector<float>{5, 6, 7, 8 + 10.0f * r});
+          SI_RETURN_IF_ERROR(c.SendToNextStage(a.get(), 4, stream));
+          SI_RETURN_IF_ERROR(c.SendToNextStage(b.get(), 4, stream));
+        } else {
+          for (int i = 0; i < 2; ++i) {
+            SI_RETURN_IF_ERROR(c.RecvFromPrevStage(msg.get(), 4, stream));
+            SI_RETURN_IF_ERROR(c.Synchronize(stream));
+            const std::vector<float> got = msg.Download();
+            received[me].insert(received[me].end(), got.begin(), got.end());
+          }
+        }
+        return c.Synchronize(stream);
+      });
   for (const Status& s : results) EXPECT_TRUE(s.ok()) << s.ToString();
   for (int32_t s = 0; s < 2; ++s)
     for (int32_t r = 0; r < 2; ++r) {
@@ -100,17 +100,17 @@ TEST(ThreadCollective, AbortingRankFailsItsPeersAtOnce) {
   auto group = ThreadCollectiveGroup::Create(1, 2, 60s);  // far longer than the test may take
   ASSERT_TRUE(group.ok());
   const auto t0 = std::chrono::steady_clock::now();
-  const auto results = RunRanks(**group, 1, 2, [&](int32_t, int32_t r, DeviceCollective& c,
-                                                   cudaStream_t stream) -> Status {
-    testing::DeviceArray<float> in(2), out(4);
-    const std::vector<size_t> counts = {2, 2};
-    if (r == 1) {
-      std::this_thread::sleep_for(50ms);  // the peer is waiting by now
-      c.Abort(InternalError("injected"));
-      return InternalError("injected");
-    }
-    return c.AllGather(in.get(), out.get(), counts, stream);
-  });
+  const auto results = RunRanks(
+      **group, 1, 2, [&](int32_t, int32_t r, DeviceCollective& c, cudaStream_t stream) -> Status {
+        testing::DeviceArray<float> in(2), out(4);
+        const std::vector<size_t> counts = {2, 2};
+        if (r == 1) {
+          std::this_thread::sleep_for(50ms);  // the peer is waiting by now
+          c.Abort(InternalError("injected"));
+          return InternalError("injected");
+        }
+        return c.AllGather(in.get(), out.get(), counts, stream);
+      });
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s);
   EXPECT_EQ(results[0].code(), StatusCode::kAborted) << results[0].ToString();
   EXPECT_NE(results[0].message().find("injected"), std::string::npos) << results[0].ToString();
@@ -121,15 +121,15 @@ TEST(ThreadCollective, MissingPeerTimesOutAndFailsTheGroup) {
   auto group = ThreadCollectiveGroup::Create(2, 1, 300ms);
   ASSERT_TRUE(group.ok());
   const auto t0 = std::chrono::steady_clock::now();
-  const auto results = RunRanks(**group, 2, 1, [&](int32_t s, int32_t, DeviceCollective& c,
-                                                   cudaStream_t stream) -> Status {
-    testing::DeviceArray<float> buf(4);
-    if (s == 0) return Status::Ok();  // the sender never sends
-    Status first = c.RecvFromPrevStage(buf.get(), 4, stream);
-    if (first.code() != StatusCode::kDeadlineExceeded) return InternalError(first.ToString());
-    // The group stays failed: the next call fails at once.
-    return c.RecvFromPrevStage(buf.get(), 4, stream);
-  });
+  const auto results = RunRanks(
+      **group, 2, 1, [&](int32_t s, int32_t, DeviceCollective& c, cudaStream_t stream) -> Status {
+        testing::DeviceArray<float> buf(4);
+        if (s == 0) return Status::Ok();  // the sender never sends
+        Status first = c.RecvFromPrevStage(buf.get(), 4, stream);
+        if (first.code() != StatusCode::kDeadlineExceeded) return InternalError(first.ToString());
+        // The group stays failed: the next call fails at once.
+        return c.RecvFromPrevStage(buf.get(), 4, stream);
+      });
   const auto elapsed = std::chrono::steady_clock::now() - t0;
   EXPECT_GE(elapsed, 300ms);
   EXPECT_LT(elapsed, 10s);
@@ -140,14 +140,14 @@ TEST(ThreadCollective, MismatchedCountsAreAnError) {
   if (!EnoughDevices(2)) GTEST_SKIP() << "needs 2 GPUs, found " << DeviceCount();
   auto group = ThreadCollectiveGroup::Create(1, 2, 10s);
   ASSERT_TRUE(group.ok());
-  const auto results = RunRanks(**group, 1, 2, [&](int32_t, int32_t r, DeviceCollective& c,
-                                                   cudaStream_t stream) -> Status {
-    testing::DeviceArray<float> in(3), out(6);
-    // Rank 1 believes rank 0 sends 3 floats; rank 0 sends 2.
-    const std::vector<size_t> counts = r == 0 ? std::vector<size_t>{2, 2}
-                                              : std::vector<size_t>{3, 2};
-    return c.AllGather(in.get(), out.get(), counts, stream);
-  });
+  const auto results = RunRanks(
+      **group, 1, 2, [&](int32_t, int32_t r, DeviceCollective& c, cudaStream_t stream) -> Status {
+        testing::DeviceArray<float> in(3), out(6);
+        // Rank 1 believes rank 0 sends 3 floats; rank 0 sends 2.
+        const std::vector<size_t> counts =
+            r == 0 ? std::vector<size_t>{2, 2} : std::vector<size_t>{3, 2};
+        return c.AllGather(in.get(), out.get(), counts, stream);
+      });
   EXPECT_FALSE(results[0].ok());
   EXPECT_FALSE(results[1].ok());
   EXPECT_TRUE(results[0].code() == StatusCode::kInternal ||

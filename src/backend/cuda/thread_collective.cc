@@ -96,9 +96,9 @@ class ThreadRank final : public DeviceCollective {
       // Every rank compares all views, so all of them see a mismatch and none copies.
       for (size_t r = 0; r < counts.size(); ++r)
         if (!std::equal(counts.begin(), counts.end(), g.counts[r].begin(), g.counts[r].end()))
-          return FailLocked(lock, InternalError("all-gather: TP ranks " + std::to_string(me) +
-                                                " and " + std::to_string(r) +
-                                                " disagree on the counts"));
+          return FailLocked(lock,
+                            InternalError("all-gather: TP ranks " + std::to_string(me) + " and " +
+                                          std::to_string(r) + " disagree on the counts"));
       in_ptrs = g.in;
     }
     size_t off = 0;
@@ -119,8 +119,8 @@ class ThreadRank final : public DeviceCollective {
       return Fail(InternalError("send from the last pipeline stage"));
     std::vector<float> msg(count);
     SI_RETURN_IF_ERROR(Local(cudaStreamSynchronize(stream), "pipeline send"));
-    SI_RETURN_IF_ERROR(Local(
-        cudaMemcpy(msg.data(), data, count * sizeof(float), cudaMemcpyDefault), "pipeline send"));
+    SI_RETURN_IF_ERROR(Local(cudaMemcpy(msg.data(), data, count * sizeof(float), cudaMemcpyDefault),
+                             "pipeline send"));
     {
       std::lock_guard<std::mutex> lock(s_->mu);
       if (!s_->failed.ok()) return s_->failed;
@@ -140,13 +140,13 @@ class ThreadRank final : public DeviceCollective {
       msg = std::move(inbox.front());
       inbox.pop_front();
       if (msg.size() != count)
-        return FailLocked(lock, InternalError("pipeline receive: " + std::to_string(msg.size()) +
-                                              " floats arrived, " + std::to_string(count) +
-                                              " expected"));
+        return FailLocked(lock,
+                          InternalError("pipeline receive: " + std::to_string(msg.size()) +
+                                        " floats arrived, " + std::to_string(count) + " expected"));
     }
-    SI_RETURN_IF_ERROR(Local(
-        cudaMemcpyAsync(data, msg.data(), count * sizeof(float), cudaMemcpyDefault, stream),
-        "pipeline receive"));
+    SI_RETURN_IF_ERROR(
+        Local(cudaMemcpyAsync(data, msg.data(), count * sizeof(float), cudaMemcpyDefault, stream),
+              "pipeline receive"));
     return Local(cudaStreamSynchronize(stream), "pipeline receive");  // before msg is freed
   }
 
@@ -209,7 +209,7 @@ StatusOr<std::shared_ptr<ThreadCollectiveGroup>> ThreadCollectiveGroup::Create(
 }
 
 StatusOr<std::unique_ptr<DeviceCollective>> ThreadCollectiveGroup::Rank(int32_t stage,
-                                                                       int32_t tp_rank) {
+                                                                        int32_t tp_rank) {
   if (stage < 0 || stage >= state_->num_stages || tp_rank < 0 || tp_rank >= state_->tp_size)
     return InvalidArgumentError("rank outside the group's layout");
   CollectiveLayout l;

@@ -30,8 +30,9 @@ namespace specinfer::cuda {
 class ThreadCollectiveGroup {
  public:
   // A group of num_stages x tp_size ranks; every wait lasts at most `timeout`.
-  static StatusOr<std::shared_ptr<ThreadCollectiveGroup>> Create(
-      int32_t num_stages, int32_t tp_size, std::chrono::milliseconds timeout);
+  static StatusOr<std::shared_ptr<ThreadCollectiveGroup>> Create(int32_t num_stages,
+                                                                 int32_t tp_size,
+                                                                 std::chrono::milliseconds timeout);
   ~ThreadCollectiveGroup();
 
   // The handle of rank (stage, tp_rank), for the thread that runs that rank (it keeps the group
