@@ -5,7 +5,8 @@
 // tolerance of cuda_runner_test.cc), on stories260K and a random GQA model with uneven shares,
 // through prompts, a token tree, KV compaction and decode steps, in pieces of max_batch_tokens.
 // Failure paths: a rank whose pass fails, and a rank that never runs it, end every rank's pass
-// with an error (no hang); layouts the model cannot take are refused at Create.
+// with an error (no hang); layouts the model cannot take are refused at Create, and a share
+// without a group refuses to run.
 // On real GPUs (cuda_tests) each test needs as many devices as ranks, else it skips itself.
 #include <gtest/gtest.h>
 
@@ -404,18 +405,29 @@ TEST(CudaShardRunner, RefusesLayoutsTheModelCannotTake) {
   auto r = CudaModelRunner::Create(Stories(), o);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
-  // A share without a collective, and one whose collective has another layout.
+  // A share whose collective has another layout.
   CudaRunnerOptions lonely;
   lonely.num_kv_blocks = kBlocks;
   lonely.layout.tp_size = 2;
-  EXPECT_EQ(CudaModelRunner::Create(Stories(), lonely).status().code(),
-            StatusCode::kInvalidArgument);
   auto g2 = cuda::ThreadCollectiveGroup::Create(2, 1, 1s);
   ASSERT_TRUE(g2.ok());
+  std::shared_ptr<cuda::DeviceCollective> other_layout = std::move((*g2)->Rank(1, 0)).value();
   CudaRunnerOptions other = lonely;
-  other.collective = std::move((*g2)->Rank(1, 0)).value();
+  other.collective = other_layout;
   EXPECT_EQ(CudaModelRunner::Create(Stories(), other).status().code(),
             StatusCode::kInvalidArgument);
+  // A share without a group (yet) is created, but its passes fail until it has one.
+  auto share = CudaModelRunner::Create(Stories(), lonely);
+  ASSERT_TRUE(share.ok()) << share.status().ToString();
+  KvCacheManager kv(kBlocks, 16);
+  const SeqId seq = kv.AddSequence();
+  ASSERT_TRUE(kv.Reserve(seq, 3).ok());
+  ForwardBatch b;
+  b.AddSequence(seq, std::vector<int32_t>{1, 2, 3}, Range(0, 3), 0, nullptr);
+  b.logit_rows = {2};
+  std::vector<float> logits(static_cast<size_t>((*share)->vocab().count));
+  EXPECT_EQ((*share)->Forward(b, kv, logits).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*share)->SetCollective(other_layout).code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -155,6 +155,44 @@ TEST(ThreadCollective, MismatchedCountsAreAnError) {
       << results[0].ToString() << " / " << results[1].ToString();
 }
 
+TEST(ThreadCollective, RanksMeetByName) {
+  if (!EnoughDevices(2)) GTEST_SKIP() << "needs 2 GPUs, found " << DeviceCount();
+  std::vector<Status> results(2);
+  std::vector<std::vector<float>> out(2);
+  std::vector<std::thread> threads;
+  for (int32_t r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      cudaSetDevice(r);
+      auto c = ThreadCollectiveGroup::JoinNamed("e5/test-group", CollectiveLayout{0, 1, r, 2}, 10s);
+      if (!c.ok()) {
+        results[static_cast<size_t>(r)] = c.status();
+        return;
+      }
+      testing::DeviceArray<float> in(std::vector<float>{1.0f + r}), all(2);
+      const std::vector<size_t> counts = {1, 1};
+      results[static_cast<size_t>(r)] = (*c)->AllGather(in.get(), all.get(), counts, nullptr);
+      out[static_cast<size_t>(r)] = all.Download();
+      // Both still hold their handles here: a third rank of the same place is refused.
+      if (r == 0) {
+        auto again =
+            ThreadCollectiveGroup::JoinNamed("e5/test-group", CollectiveLayout{0, 1, 0, 2}, 10s);
+        if (again.status().code() != StatusCode::kInvalidArgument)
+          results[0] = InternalError("a taken place was handed out twice");
+        auto shape =
+            ThreadCollectiveGroup::JoinNamed("e5/test-group", CollectiveLayout{0, 2, 0, 1}, 10s);
+        if (shape.status().code() != StatusCode::kInvalidArgument)
+          results[0] = InternalError("a group of another shape was joined");
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  for (const Status& s : results) EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(out[0], (std::vector<float>{1, 2}));
+  EXPECT_EQ(out[1], (std::vector<float>{1, 2}));
+  // Nobody holds it now: the name starts a fresh group.
+  EXPECT_TRUE(
+      ThreadCollectiveGroup::JoinNamed("e5/test-group", CollectiveLayout{0, 1, 0, 2}, 1s).ok());
+}
+
 TEST(ThreadCollective, RefusesBadLayouts) {
   EXPECT_FALSE(ThreadCollectiveGroup::Create(0, 2, 1s).ok());
   EXPECT_FALSE(ThreadCollectiveGroup::Create(1, 2, 0ms).ok());

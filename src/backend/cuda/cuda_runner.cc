@@ -183,7 +183,7 @@ struct CudaModelRunner::Impl {
   int64_t KvLayerBytes() const {
     return kv_slots * kv_local * static_cast<int64_t>(kv_elem_bytes);
   }
-  bool sharded() const { return group != nullptr; }
+  bool sharded() const { return layout.tp_size > 1 || layout.num_stages > 1; }
   // Waits for the stream (through the group when there is one: bounded, and its errors count).
   Status Wait(const char* what) {
     if (group) return group->Synchronize(stream).WithContext(what);
@@ -198,6 +198,16 @@ struct CudaModelRunner::Impl {
   }
   Status Run(const ForwardBatch& batch, std::span<const std::span<const int32_t>> tables,
              std::span<float> logits);
+  Status SetGroup(std::shared_ptr<DeviceCollective> c) {
+    if (c) {
+      const CollectiveLayout& g = c->layout();
+      if (g.stage != layout.stage || g.num_stages != layout.num_stages ||
+          g.tp_rank != layout.tp_rank || g.tp_size != layout.tp_size)
+        return InvalidArgumentError("the collective's layout differs from the runner's");
+    }
+    group = sharded() ? std::move(c) : nullptr;
+    return Status::Ok();
+  }
   Status Move(std::span<const int32_t> table, std::span<const int32_t> src,
               std::span<const int32_t> dst);
 
@@ -240,12 +250,7 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   if (layout.tp_size > 1 || layout.num_stages > 1) {
     if (random)
       return InvalidArgumentError("random device weights are for the whole model (1 x 1)");
-    if (!o.collective) return InvalidArgumentError("a TP x PP share needs a device collective");
-    const CollectiveLayout& g = o.collective->layout();
-    if (g.stage != layout.stage || g.num_stages != layout.num_stages ||
-        g.tp_rank != layout.tp_rank || g.tp_size != layout.tp_size)
-      return InvalidArgumentError("the collective's layout differs from the runner's");
-    group = o.collective;
+    SI_RETURN_IF_ERROR(SetGroup(o.collective));
   }
   const int32_t T = layout.tp_size, me = layout.tp_rank;
   layer_range = SplitEvenly(c.n_layers, layout.num_stages, layout.stage);
@@ -925,6 +930,8 @@ Status CudaModelRunner::Synchronize() {
 Status CudaModelRunner::Impl::Run(const ForwardBatch& batch,
                                   std::span<const std::span<const int32_t>> tables,
                                   std::span<float> logits) {
+  if (sharded() && group == nullptr)
+    return FailedPreconditionError("this share of the model is not in a group");
   if (sharded() && layout.stage + 1 == layout.num_stages &&
       logits.size() < batch.logit_rows.size() * static_cast<size_t>(vocab_range.count))
     return InvalidArgumentError("logits buffer too small for this share's columns");
@@ -974,6 +981,9 @@ Status CudaModelRunner::ForwardWithTables(const ForwardBatch& batch,
 }
 
 const CollectiveLayout& CudaModelRunner::layout() const { return impl_->layout; }
+Status CudaModelRunner::SetCollective(std::shared_ptr<DeviceCollective> collective) {
+  return impl_->SetGroup(std::move(collective));
+}
 ShardRange CudaModelRunner::layers() const { return impl_->layer_range; }
 ShardRange CudaModelRunner::vocab() const { return impl_->vocab_range; }
 

@@ -75,7 +75,8 @@ struct CudaRunnerOptions {
   // the chunks' partial results is planned for max_batch_tokens tokens at full context.
   int32_t attention_chunk = 0;
   // This runner's share of the model; with more than one rank, `collective` (whose layout must
-  // equal it) connects it to its peers. 1 x 1: the whole model, no collective.
+  // equal it) connects it to its peers (null: passes fail with FAILED_PRECONDITION until
+  // SetCollective gives it one). 1 x 1: the whole model, no collective.
   CollectiveLayout layout;
   std::shared_ptr<DeviceCollective> collective;
 };
@@ -124,6 +125,9 @@ class CudaModelRunner final : public ModelRunner {
   Status MoveKvWithTable(std::span<const int32_t> table, std::span<const int32_t> src,
                          std::span<const int32_t> dst);
 
+  // Replaces the group of a share (a worker re-forms it under a new epoch); null: none.
+  // InvalidArgument if its layout is not the runner's.
+  Status SetCollective(std::shared_ptr<DeviceCollective> collective);
   const CollectiveLayout& layout() const;
   ShardRange layers() const;  // the layers this stage holds
   ShardRange vocab() const;   // the logits columns this rank computes (last stage)

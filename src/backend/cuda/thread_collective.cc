@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -221,5 +223,35 @@ StatusOr<std::unique_ptr<DeviceCollective>> ThreadCollectiveGroup::Rank(int32_t 
 }
 
 void ThreadCollectiveGroup::Abort(const Status& why) { state_->Fail(why); }
+
+StatusOr<std::unique_ptr<DeviceCollective>> ThreadCollectiveGroup::JoinNamed(
+    const std::string& name, const CollectiveLayout& layout, std::chrono::milliseconds timeout) {
+  struct Named {
+    std::weak_ptr<State> state;
+    std::set<std::pair<int32_t, int32_t>> taken;  // (stage, tp rank) handed out
+  };
+  static std::mutex mu;
+  static std::map<std::string, Named> groups;  // guarded by mu
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto it = groups.begin(); it != groups.end();)  // forget the groups nobody holds
+    it = it->second.state.expired() ? groups.erase(it) : std::next(it);
+  Named& n = groups[name];
+  std::shared_ptr<State> state = n.state.lock();
+  if (!state) {
+    SI_ASSIGN_OR_RETURN(std::shared_ptr<ThreadCollectiveGroup> g,
+                        Create(layout.num_stages, layout.tp_size, timeout));
+    state = g->state_;
+    n.state = state;
+    n.taken.clear();
+  }
+  if (state->num_stages != layout.num_stages || state->tp_size != layout.tp_size)
+    return InvalidArgumentError("collective group " + name + " has another shape");
+  if (!n.taken.insert({layout.stage, layout.tp_rank}).second)
+    return InvalidArgumentError("collective group " + name + ": stage " +
+                                std::to_string(layout.stage) + " tp rank " +
+                                std::to_string(layout.tp_rank) + " joined twice");
+  ThreadCollectiveGroup g(state);
+  return g.Rank(layout.stage, layout.tp_rank);
+}
 
 }  // namespace specinfer::cuda

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "backend/cuda/device_collective.h"
 
@@ -41,6 +42,14 @@ class ThreadCollectiveGroup {
 
   // Fails the group (as a rank's Abort does).
   void Abort(const Status& why);
+
+  // Ranks of one process that meet by `name` (e.g. an id exchanged through a rendezvous store):
+  // the first caller creates the group of `layout`'s shape, the others join it. The name is
+  // forgotten when the last handle of its group is gone. InvalidArgument if the group of that
+  // name has another shape or this rank's place is taken.
+  static StatusOr<std::unique_ptr<DeviceCollective>> JoinNamed(const std::string& name,
+                                                               const CollectiveLayout& layout,
+                                                               std::chrono::milliseconds timeout);
 
   struct State;
 
