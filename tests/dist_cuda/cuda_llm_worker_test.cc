@@ -1,0 +1,144 @@
+// LLM workers with backend "cuda" (dist/cuda/cuda_worker_shard.h) in a TP x PP group behind
+// RemoteLlmRunner, as a cluster runs them: every worker an LlmWorkerServer of this process on its
+// own device (dist_cuda_emu_tests: emulated devices, the group the in-process collective met
+// through the worker's rendezvous store; dist_cuda_tests: real GPUs over NCCL where built, one per
+// worker, else skipped). The group's logits of the LLM-worker scenario (prefill, several
+// sequences, trees, masked KV, MoveKv; all batch-invariant) equal the whole-model GPU runner's bit
+// for bit and the CPU runner's within 1e-4; a worker that goes away fails the group's next pass
+// with an error, within the collective timeout.
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_runner.h"
+#include "cuda/cuda_test_util.h"
+#include "dist/cuda/cuda_worker_shard.h"
+#include "dist/llm_test_util.h"
+#include "dist/model_identity.h"
+#include "model/loader.h"
+#include "test_util.h"
+
+namespace specinfer {
+namespace {
+
+struct Stories {
+  std::shared_ptr<const Model> model;
+  uint64_t fingerprint = 0;
+};
+
+const Stories& LoadStories() {
+  static const Stories* s = [] {
+    auto loaded =
+        LoadModelAndTokenizer(testing::Stories260KModel(), testing::Stories260KTokenizer());
+    EXPECT_TRUE(loaded.ok()) << loaded.status().ToString();
+    auto* st = new Stories;
+    if (loaded.ok()) {
+      st->fingerprint = VocabFingerprint(*loaded->tokenizer);
+      st->model = std::shared_ptr<const Model>(std::move(loaded->model));
+    }
+    return st;
+  }();
+  return *s;
+}
+
+// A group of cuda workers: worker i (stage-major) on device i.
+std::unique_ptr<testing::LlmTestGroup> StartCudaGroup(int32_t tp, int32_t pp) {
+  RegisterCudaWorkerShard();
+  auto g = std::make_unique<testing::LlmTestGroup>();
+  g->model = LoadStories().model;
+  g->fingerprint = LoadStories().fingerprint;
+  g->tp = tp;
+  g->pp = pp;
+  for (size_t i = 0; i < static_cast<size_t>(tp * pp); ++i) {
+    LlmWorkerOptions o = g->OptionsFor(i);
+    o.backend = "cuda";
+    o.device = static_cast<int32_t>(i);
+    auto w = LlmWorkerServer::Start(o, g->model, g->fingerprint);
+    EXPECT_TRUE(w.ok()) << w.status().ToString();
+    if (!w.ok()) return nullptr;
+    g->addresses.push_back((*w)->address());
+    g->workers.push_back(std::move(*w));
+  }
+  return g;
+}
+
+void ExpectEqualBits(const std::vector<std::vector<float>>& got,
+                     const std::vector<std::vector<float>>& want, double tol, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t p = 0; p < got.size(); ++p)
+    EXPECT_ALL_CLOSE(got[p], want[p], tol, tol, std::string(what) + ", pass " + std::to_string(p));
+}
+
+class CudaLlmWorkers : public ::testing::TestWithParam<std::pair<int32_t, int32_t>> {};
+
+TEST_P(CudaLlmWorkers, GroupLogitsEqualOneGpuAndCpu) {
+  const auto [tp, pp] = GetParam();
+  if (cuda::DeviceCount() < tp * pp)
+    GTEST_SKIP() << "needs " << tp * pp << " GPUs, found " << cuda::DeviceCount();
+  ASSERT_TRUE(LoadStories().model);
+  auto group = StartCudaGroup(tp, pp);
+  ASSERT_TRUE(group);
+  auto remote = RemoteLlmRunner::Connect(group->GroupOptions(), group->model, group->fingerprint);
+  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+  const int32_t blocks = (*remote)->num_kv_blocks();
+  KvCacheManager remote_kv(blocks, (*remote)->kv_block_size());
+  const auto got = testing::RunScenario(**remote, remote_kv);
+
+  cuda::CudaRunnerOptions o;
+  o.num_kv_blocks = blocks;
+  auto whole = cuda::CudaModelRunner::Create(group->model, o);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  KvCacheManager whole_kv(blocks, 16);
+  ExpectEqualBits(got, testing::RunScenario(**whole, whole_kv), 0.0, "vs one GPU");
+  auto cpu = testing::MakeLocalRunner(group->model, blocks);
+  ExpectEqualBits(got, testing::RunScenario(*cpu.runner, *cpu.kv), 1e-4, "vs the CPU");
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, CudaLlmWorkers,
+                         ::testing::Values(std::make_pair(1, 1), std::make_pair(2, 1),
+                                           std::make_pair(2, 2)),
+                         [](const auto& info) {
+                           return "tp" + std::to_string(info.param.first) + "_pp" +
+                                  std::to_string(info.param.second);
+                         });
+
+// A worker that shuts down: the group's next pass fails with an error naming the trouble,
+// bounded by the collective timeout (3 s in GroupOptions), not a hang.
+TEST(CudaLlmWorkerFaults, AWorkerGoingAwayFailsThePassWithoutHanging) {
+  if (cuda::DeviceCount() < 4) GTEST_SKIP() << "needs 4 GPUs, found " << cuda::DeviceCount();
+  ASSERT_TRUE(LoadStories().model);
+  auto group = StartCudaGroup(2, 2);
+  ASSERT_TRUE(group);
+  auto remote = RemoteLlmRunner::Connect(group->GroupOptions(), group->model, group->fingerprint);
+  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+  KvCacheManager kv((*remote)->num_kv_blocks(), (*remote)->kv_block_size());
+  const SeqId s = kv.AddSequence();
+  ASSERT_TRUE(kv.Reserve(s, 4).ok());
+  ForwardBatch b;
+  b.AddSequence(s, std::vector<int32_t>{5, 6, 7, 8}, std::vector<int32_t>{0, 1, 2, 3}, 0, nullptr);
+  b.logit_rows = {3};
+  std::vector<float> logits(static_cast<size_t>(group->model->config().vocab_size));
+  ASSERT_TRUE((*remote)->Forward(b, kv, logits).ok());
+  group->workers[3]->Shutdown();
+  const auto t0 = std::chrono::steady_clock::now();
+  ForwardBatch d;
+  ASSERT_TRUE(kv.Reserve(s, 5).ok());
+  d.AddSequence(s, std::vector<int32_t>{9}, std::vector<int32_t>{4}, 4, nullptr);
+  d.logit_rows = {0};
+  const Status st = (*remote)->Forward(d, kv, logits);
+  EXPECT_FALSE(st.ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60)) << st.ToString();
+}
+
+TEST(CudaLlmWorkerFaults, UnknownBackendIsRefused) {
+  ASSERT_TRUE(LoadStories().model);
+  LlmWorkerOptions o;
+  o.backend = "tpu";
+  auto w = LlmWorkerServer::Start(o, LoadStories().model, LoadStories().fingerprint);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), StatusCode::kNotFound) << w.status().ToString();
+}
+
+}  // namespace
+}  // namespace specinfer
