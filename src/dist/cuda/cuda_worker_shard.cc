@@ -125,6 +125,12 @@ class CudaWorkerShard final : public WorkerShard {
 StatusOr<std::unique_ptr<WorkerShard>> CreateCudaShard(std::shared_ptr<const Model> model,
                                                        const CollectiveLayout& layout,
                                                        const WorkerShardOptions& o) {
+#if !defined(SPECINFER_WITH_NCCL) && !defined(SPECINFER_CUDA_EMULATION)
+  // Worker processes could not form a group (the in-process collective joins threads only).
+  if (layout.tp_size > 1 || layout.num_stages > 1)
+    return FailedPreconditionError(
+        "LLM workers on GPUs need NCCL for tp or pp above 1; this program was built without it");
+#endif
   cuda::CudaRunnerOptions ro;
   ro.device = o.device;
   ro.num_kv_blocks = o.num_kv_blocks;
