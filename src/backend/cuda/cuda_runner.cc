@@ -309,7 +309,9 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
     }
     mats.push_back(s);
   };
-  auto slice = [](const WeightVector& v, ShardRange r) { return v.data + r.begin; };
+  auto slice = [](const WeightVector& v, ShardRange r) -> const float* {
+    return v.data == nullptr ? nullptr : v.data + r.begin;  // missing: refused below
+  };
   const ShardRange q_rows = q_cols[static_cast<size_t>(me)];
   const ShardRange d_rows = dim_rows[static_cast<size_t>(me)];
   const ShardRange h_rows = hidden_rows[static_cast<size_t>(me)];
