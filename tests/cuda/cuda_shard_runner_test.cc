@@ -129,6 +129,37 @@ std::shared_ptr<const Model> QuantizedGqa() {
   return model;
 }
 
+// RandomGqa's shape with Qwen2's q/k/v biases (random, so that a share that adds another rank's
+// slice of them gives other logits) and interleaved RoPE.
+std::shared_ptr<const Model> RandomGqaWithBiases() {
+  static std::shared_ptr<const Model> model = []() -> std::shared_ptr<const Model> {
+    ModelConfig c = RandomGqa()->config();
+    c.rope_style = RopeStyle::kInterleaved;
+    auto base = MakeRandomModel(c, 41);
+    EXPECT_TRUE(base.ok()) << base.status().ToString();
+    if (!base.ok()) return nullptr;
+    static std::unique_ptr<Model> owner = std::move(base).value();
+    static std::vector<std::vector<float>> storage;
+    storage.reserve(16);
+    std::mt19937 rng(43);
+    std::normal_distribution<float> normal(0.0f, 0.5f);
+    auto bias = [&](int64_t n) {
+      storage.emplace_back(static_cast<size_t>(n));
+      for (float& v : storage.back()) v = normal(rng);
+      return WeightVector{storage.back().data(), n};
+    };
+    ModelWeights w = owner->weights();
+    for (LayerWeights& l : w.layers) {
+      l.bq = bias(c.q_dim());
+      l.bk = bias(c.kv_dim());
+      l.bv = bias(c.kv_dim());
+    }
+    c.attention_bias = true;
+    return std::make_shared<Model>(c, w, "random with biases");
+  }();
+  return model;
+}
+
 std::vector<int32_t> SomeTokens(int32_t n, int32_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<int32_t> t(static_cast<size_t>(n));
@@ -389,6 +420,15 @@ TEST(CudaShardRunner, RandomGqaTp2AndTp2Pp2MatchOneGpuAndCpu) {
   ExpectGroupMatches(RandomGqa(), g);
   g.stages = 2;
   ExpectGroupMatches(RandomGqa(), g);
+}
+
+TEST(CudaShardRunner, QkvBiasesTp2Pp2MatchOneGpuAndCpu) {
+  if (!EnoughDevices(4)) GTEST_SKIP() << "needs 4 GPUs, found " << cuda::DeviceCount();
+  ASSERT_TRUE(RandomGqaWithBiases());
+  GroupSpec g;
+  g.tp = 2;
+  g.stages = 2;
+  ExpectGroupMatches(RandomGqaWithBiases(), g);
 }
 
 // Quantised and 16-bit weights, a 16-bit KV cache: the shares' logits are the whole-model GPU
