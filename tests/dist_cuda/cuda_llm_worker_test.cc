@@ -4,11 +4,13 @@
 // through the worker's rendezvous store; dist_cuda_tests: real GPUs over NCCL where built, one per
 // worker, else skipped). The group's logits of the LLM-worker scenario (prefill, several
 // sequences, trees, masked KV, MoveKv; all batch-invariant) equal the whole-model GPU runner's bit
-// for bit and the CPU runner's within 1e-4; a worker that goes away fails the group's next pass
-// with an error, within the collective timeout.
+// for bit and the CPU runner's within 1e-4; greedy generation through EngineCore over the group,
+// with and without speculation, equals one GPU's token for token; a worker that goes away fails
+// the group's next pass with an error, within the collective timeout.
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <optional>
 
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_runner.h"
@@ -16,7 +18,9 @@
 #include "dist/cuda/cuda_worker_shard.h"
 #include "dist/llm_test_util.h"
 #include "dist/model_identity.h"
+#include "engine/engine_core.h"
 #include "model/loader.h"
+#include "spec/speculator.h"
 #include "test_util.h"
 
 namespace specinfer {
@@ -24,6 +28,7 @@ namespace {
 
 struct Stories {
   std::shared_ptr<const Model> model;
+  std::shared_ptr<const Tokenizer> tokenizer;
   uint64_t fingerprint = 0;
 };
 
@@ -36,6 +41,7 @@ const Stories& LoadStories() {
     if (loaded.ok()) {
       st->fingerprint = VocabFingerprint(*loaded->tokenizer);
       st->model = std::shared_ptr<const Model>(std::move(loaded->model));
+      st->tokenizer = std::shared_ptr<const Tokenizer>(std::move(loaded->tokenizer));
     }
     return st;
   }();
@@ -102,6 +108,80 @@ INSTANTIATE_TEST_SUITE_P(Layouts, CudaLlmWorkers,
                            return "tp" + std::to_string(info.param.first) + "_pp" +
                                   std::to_string(info.param.second);
                          });
+
+// Runs every request to completion on `runner` through one EngineCore (static trees: the adaptive
+// controller would choose from each runner's timings); returns the tokens.
+std::vector<std::vector<int32_t>> GenerateAll(ModelRunner& runner, KvCacheManager& kv,
+                                              const std::vector<GenerateRequest>& reqs) {
+  BatchOptions o;
+  o.max_sequences = 4;
+  o.max_batch_tokens = 24;  // prefill chunks share passes with trees
+  o.spec_budget = SpecBudgetMode::kStatic;
+  EngineCore gen(runner, kv, o);
+  std::vector<std::optional<StatusOr<GenerateResult>>> done(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto a = gen.Add(reqs[i], nullptr, [&done, i](StatusOr<GenerateResult> r) { done[i] = r; });
+    EXPECT_TRUE(a.ok() && *a == EngineCore::Admission::kAdmitted) << i;
+  }
+  for (int steps = 0; !gen.idle() && steps < 2000; ++steps) gen.Step();
+  std::vector<std::vector<int32_t>> out;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_TRUE(done[i].has_value() && done[i]->ok())
+        << i << ": " << (done[i] ? done[i]->status().ToString() : "not done");
+    out.push_back(done[i] && done[i]->ok() ? (*done[i])->tokens : std::vector<int32_t>{});
+  }
+  EXPECT_EQ(kv.used_blocks(), 0);
+  return out;
+}
+
+// Continuous batching over the group (prefill chunks beside token trees, KV compaction of
+// accepted paths), with and without speculation: greedy output equals one GPU's, token for token.
+TEST(CudaLlmWorkerGeneration, GreedyTp2Pp2EqualsOneGpuWithAndWithoutSpeculation) {
+  if (cuda::DeviceCount() < 4) GTEST_SKIP() << "needs 4 GPUs, found " << cuda::DeviceCount();
+  const Stories& st = LoadStories();
+  ASSERT_TRUE(st.model);
+  auto group = StartCudaGroup(2, 2);
+  ASSERT_TRUE(group);
+  auto remote = RemoteLlmRunner::Connect(group->GroupOptions(), st.model, st.fingerprint);
+  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+  const int32_t blocks = (*remote)->num_kv_blocks();
+  cuda::CudaRunnerOptions o;
+  o.num_kv_blocks = blocks;
+  auto whole = cuda::CudaModelRunner::Create(st.model, o);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+
+  SpeculatorOptions so;
+  so.num_threads = 1;
+  auto ngram = CreateSpeculator("ngram", st.model, so);
+  ASSERT_TRUE(ngram.ok()) << ngram.status().ToString();
+  auto layers = CreateSpeculator("layers:2", st.model, so);
+  ASSERT_TRUE(layers.ok()) << layers.status().ToString();
+  std::vector<GenerateRequest> reqs;
+  const char* prompts[] = {"Once upon a time", "Lily and Ben went to the park. They saw",
+                           "One day, a little girl named Lily found a needle"};
+  for (int i = 0; i < 3; ++i) {
+    GenerateRequest r;
+    r.prompt_tokens = *st.tokenizer->Encode(prompts[i], /*add_bos=*/true);
+    r.max_new_tokens = 24;
+    r.prefill_chunk = 7;
+    if (i == 1) {
+      r.speculators = {ngram->get()};
+      r.tree_shape = *TreeShape::Parse("1,1,1");
+    } else if (i == 2) {
+      r.speculators = {layers->get(), ngram->get()};
+      r.tree_shape = *TreeShape::Parse("2,1,2");
+    }
+    reqs.push_back(r);
+  }
+  KvCacheManager whole_kv(blocks, 16), remote_kv(blocks, (*remote)->kv_block_size());
+  const auto want = GenerateAll(**whole, whole_kv, reqs);
+  const auto got = GenerateAll(**remote, remote_kv, reqs);
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(want[i].size(), 24u) << i;
+    EXPECT_EQ(got[i], want[i]) << "request " << i;
+  }
+}
 
 // A worker that shuts down: the group's next pass fails with an error naming the trouble,
 // bounded by the collective timeout (3 s in GroupOptions), not a hang.
