@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <optional>
+#include <thread>
 
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_runner.h"
@@ -48,6 +49,21 @@ const Stories& LoadStories() {
   return *s;
 }
 
+// Starts cuda worker i of `g` on device i (again on its old address, if it had one).
+Status StartCudaWorker(testing::LlmTestGroup& g, size_t i) {
+  const std::string listen = g.addresses.size() > i ? g.addresses[i] : "127.0.0.1:0";
+  LlmWorkerOptions o = g.OptionsFor(i, listen);
+  o.backend = "cuda";
+  o.device = static_cast<int32_t>(i);
+  auto w = LlmWorkerServer::Start(o, g.model, g.fingerprint);
+  if (!w.ok()) return w.status();
+  if (g.addresses.size() <= i) g.addresses.resize(i + 1);
+  g.addresses[i] = (*w)->address();
+  if (g.workers.size() <= i) g.workers.resize(i + 1);
+  g.workers[i] = std::move(*w);
+  return Status::Ok();
+}
+
 // A group of cuda workers: worker i (stage-major) on device i.
 std::unique_ptr<testing::LlmTestGroup> StartCudaGroup(int32_t tp, int32_t pp) {
   RegisterCudaWorkerShard();
@@ -57,14 +73,9 @@ std::unique_ptr<testing::LlmTestGroup> StartCudaGroup(int32_t tp, int32_t pp) {
   g->tp = tp;
   g->pp = pp;
   for (size_t i = 0; i < static_cast<size_t>(tp * pp); ++i) {
-    LlmWorkerOptions o = g->OptionsFor(i);
-    o.backend = "cuda";
-    o.device = static_cast<int32_t>(i);
-    auto w = LlmWorkerServer::Start(o, g->model, g->fingerprint);
-    EXPECT_TRUE(w.ok()) << w.status().ToString();
-    if (!w.ok()) return nullptr;
-    g->addresses.push_back((*w)->address());
-    g->workers.push_back(std::move(*w));
+    const Status s = StartCudaWorker(*g, i);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    if (!s.ok()) return nullptr;
   }
   return g;
 }
@@ -183,9 +194,11 @@ TEST(CudaLlmWorkerGeneration, GreedyTp2Pp2EqualsOneGpuWithAndWithoutSpeculation)
   }
 }
 
-// A worker that shuts down: the group's next pass fails with an error naming the trouble,
-// bounded by the collective timeout (3 s in GroupOptions), not a hang.
-TEST(CudaLlmWorkerFaults, AWorkerGoingAwayFailsThePassWithoutHanging) {
+// A worker that shuts down: the group's next pass fails with an error, bounded by the collective
+// timeout (3 s in GroupOptions), not a hang; once the worker is back on its port, the manager
+// re-forms the group (a new in-process collective under a new epoch) and passes give one GPU's
+// logits again.
+TEST(CudaLlmWorkerFaults, AWorkerGoingAwayFailsThePassAndTheGroupReforms) {
   if (cuda::DeviceCount() < 4) GTEST_SKIP() << "needs 4 GPUs, found " << cuda::DeviceCount();
   ASSERT_TRUE(LoadStories().model);
   auto group = StartCudaGroup(2, 2);
@@ -209,6 +222,35 @@ TEST(CudaLlmWorkerFaults, AWorkerGoingAwayFailsThePassWithoutHanging) {
   const Status st = (*remote)->Forward(d, kv, logits);
   EXPECT_FALSE(st.ok());
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60)) << st.ToString();
+  kv.RemoveSequence(s);
+
+  const uint64_t epoch0 = (*remote)->epoch();
+  group->workers[3].reset();
+  ASSERT_TRUE(StartCudaWorker(*group, 3).ok());
+  Status probe = (*remote)->Probe();
+  for (int i = 0; i < 50 && !probe.ok(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    probe = (*remote)->Probe();
+  }
+  ASSERT_TRUE(probe.ok()) << probe.ToString();
+  EXPECT_GT((*remote)->epoch(), epoch0);
+  cuda::CudaRunnerOptions o;
+  o.num_kv_blocks = (*remote)->num_kv_blocks();
+  auto whole = cuda::CudaModelRunner::Create(group->model, o);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  std::vector<std::vector<float>> results;
+  for (ModelRunner* r :
+       {static_cast<ModelRunner*>(remote->get()), static_cast<ModelRunner*>(whole->get())}) {
+    KvCacheManager fresh(r->num_kv_blocks(), r->kv_block_size());
+    const SeqId n = fresh.AddSequence();
+    ASSERT_TRUE(fresh.Reserve(n, 6).ok());
+    ForwardBatch p;
+    p.AddSequence(n, std::vector<int32_t>{1, 9, 8, 7, 6, 5}, std::vector<int32_t>{0, 1, 2, 3, 4, 5},
+                  0, nullptr);
+    p.logit_rows = {0, 5};
+    results.push_back(testing::Pass(*r, fresh, p));
+  }
+  EXPECT_ALL_CLOSE(results[0], results[1], 0.0, 0.0, "after the group re-formed, vs one GPU");
 }
 
 TEST(CudaLlmWorkerFaults, UnknownBackendIsRefused) {
