@@ -13,9 +13,11 @@
 #include <optional>
 #include <thread>
 
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_runner.h"
 #include "cuda/cuda_test_util.h"
+#include "dist/cluster_config.h"
 #include "dist/cuda/cuda_worker_shard.h"
 #include "dist/llm_test_util.h"
 #include "dist/model_identity.h"
@@ -251,6 +253,20 @@ TEST(CudaLlmWorkerFaults, AWorkerGoingAwayFailsThePassAndTheGroupReforms) {
     results.push_back(testing::Pass(*r, fresh, p));
   }
   EXPECT_ALL_CLOSE(results[0], results[1], 0.0, 0.0, "after the group re-formed, vs one GPU");
+}
+
+// In a program with the CUDA backend, the GPU example configs pass the start-up check (they were
+// refused before LLM workers could run on GPUs).
+TEST(CudaLlmWorkerConfigs, GpuExampleConfigsAreRunnable) {
+  cuda::RegisterCudaBackend();
+  for (const char* name : {"multi-gpu-node", "two-node"}) {
+    auto c = LoadClusterConfig(testing::SourcePath(std::string("configs/") + name + ".yaml"));
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_EQ(c->llm.backend, "cuda");
+    EXPECT_EQ(c->llm.placement, ClusterLlm::Placement::kWorkers);
+    const Status s = CheckClusterRunnable(*c);
+    EXPECT_TRUE(s.ok()) << name << ": " << s.ToString();
+  }
 }
 
 TEST(CudaLlmWorkerFaults, UnknownBackendIsRefused) {
