@@ -2,7 +2,8 @@
 # On a machine with an NVIDIA GPU: everything the CUDA backend must show, in steps that can be run
 # one at a time (where a command has a time limit) or all in order (`all`):
 #   scripts/gpu_check.sh build       set up and build (scripts/setup.sh)
-#   scripts/gpu_check.sh tests       the GPU tests (ctest -L gpu: cuda_tests on GPU 0)
+#   scripts/gpu_check.sh tests       the GPU tests (ctest -L gpu: cuda_tests on GPU 0, and
+#                                    dist_cuda_tests; the multi-GPU ones skip below their GPU count)
 #   scripts/gpu_check.sh attention   tree-attention kernel, trees 8-128, contexts 512-8192, batch 1-32
 #   scripts/gpu_check.sh step        one step of a random fp16 Llama-2-7B shape by tree size 1-128,
 #                                    then decode tokens/s

@@ -41,7 +41,11 @@
 // the CUDA library.
 #if defined(SPECINFER_WITH_CUDA)
 #include "backend/cuda/cuda_backend.h"
-static void RegisterBackends() { specinfer::cuda::RegisterCudaBackend(); }
+#include "dist/cuda/cuda_worker_shard.h"
+static void RegisterBackends() {
+  specinfer::cuda::RegisterCudaBackend();
+  specinfer::RegisterCudaWorkerShard();  // LLM workers with backend: cuda
+}
 #else
 static void RegisterBackends() {}
 #endif

@@ -100,8 +100,9 @@ Status ReadEndpoint(const YAML::Node& node, const std::string& path, const std::
   Reader r(node, path, source);
   if (with_threads) {
     SI_RETURN_IF_ERROR(r.Keys({"host", "port", "threads"}));
-  } else {
-    SI_RETURN_IF_ERROR(r.Keys({"host", "port"}));
+  } else {  // an LLM worker
+    SI_RETURN_IF_ERROR(r.Keys({"host", "port", "gpu"}));
+    SI_RETURN_IF_ERROR(r.Int32("gpu", 0, 1023, &e->gpu));
   }
   e->host = "local";
   SI_RETURN_IF_ERROR(r.Str("host", &e->host));
@@ -369,11 +370,6 @@ Status CheckClusterRunnable(const ClusterConfig& c) {
     return FailedPreconditionError(c.source + ": " + key + ": " + backend + ": " + s.message() +
                                    "; use backend: cpu");
   };
-  if (c.llm.placement == ClusterLlm::Placement::kWorkers && c.llm.backend != "cpu")
-    return FailedPreconditionError(c.source + ": llm.backend: " + c.llm.backend +
-                                   ": LLM workers run on the CPU only so far (placement: "
-                                   "in-process runs the LLM on the manager's backend); use "
-                                   "backend: cpu");
   SI_RETURN_IF_ERROR(registered("llm.backend", c.llm.backend));
   for (size_t i = 0; i < c.ssm.size(); ++i)
     SI_RETURN_IF_ERROR(registered("ssm[" + std::to_string(i) + "].backend", c.ssm[i].backend));

@@ -10,7 +10,9 @@
 //   ssm:     - {spec, model, backend: cpu | cuda, max_sessions, idle_timeout_s,
 //               replicas: [{host, port, threads}, ...]}       one entry per logical speculator
 //   llm:     {model, placement: in-process | workers, backend: cpu | cuda, tp, pp, threads,
-//             dequantize, workers: [{host, port}, ...]}       tp * pp workers, stage-major
+//             dequantize, workers: [{host, port, gpu}, ...]}  tp * pp workers, stage-major;
+//             gpu: the device of a cuda worker (default: its place among the workers on its
+//             host, 0, 1, ...)
 //   restart_workers: true | false            the one-machine launcher restarts a dead worker
 //
 // Unknown keys are refused (a typo must not silently fall back to a default), as are ports
@@ -42,6 +44,7 @@ struct ClusterEndpoint {
   std::string address;  // what it resolves to
   int32_t port = 0;
   int32_t threads = 1;  // CPU threads of the process serving it (0: all cores)
+  int32_t gpu = -1;     // LLM workers with backend cuda: the device (-1: by place on the host)
   std::string HostPort() const { return address + ":" + std::to_string(port); }
 };
 

@@ -464,6 +464,14 @@ int RunClusterWorker(const ClusterConfig& c, const std::string& config_path,
   o.context_length = config.limits.context;
   o.max_sequences = config.limits.max_batch;
   o.dequantize = config.llm.dequantize;
+  o.backend = config.llm.backend;
+  // A GPU worker's device: as configured, else its place among the LLM workers on its host.
+  o.device = slot->endpoint.gpu;
+  if (o.device < 0) {
+    o.device = 0;
+    for (int32_t i = 0; i < index; ++i)
+      o.device += config.llm.workers[static_cast<size_t>(i)].host == slot->endpoint.host;
+  }
   auto server = LlmWorkerServer::Start(o);
   if (!server.ok()) {
     std::fprintf(stderr, "error: %s: %s\n", slot->label.c_str(),

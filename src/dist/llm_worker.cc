@@ -15,6 +15,7 @@
 #include "dist/collective.h"
 #include "dist/llm_wire.h"
 #include "dist/model_identity.h"
+#include "dist/worker_shard.h"
 #include "model/loader.h"
 #include "proto/llm_worker.grpc.pb.h"
 #include "server/grpc_listen.h"
@@ -57,7 +58,7 @@ std::string MachineHostname() {
 
 class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
  public:
-  Impl(const LlmWorkerOptions& options, std::unique_ptr<CpuShardRunner> runner,
+  Impl(const LlmWorkerOptions& options, std::unique_ptr<WorkerShard> runner,
        uint64_t fingerprint)
       : options_(options), runner_(std::move(runner)), fingerprint_(fingerprint) {
     std::random_device rd;
@@ -83,9 +84,9 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
       address_ = HostOf(options_.listen) + ":" + std::to_string(port_);
     }
     const ShardRange l = runner_->layers();
-    spdlog::info("LLM worker (stage {}/{}, tp {}/{}, layers [{}, {})) serving on {}",
+    spdlog::info("LLM worker (stage {}/{}, tp {}/{}, layers [{}, {}), {}) serving on {}",
                  options_.stage, options_.num_stages, options_.tp_rank, options_.tp_size,
-                 l.begin, l.end(), address());
+                 l.begin, l.end(), runner_->name(), address());
     return Status::Ok();
   }
 
@@ -94,7 +95,7 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
     draining_ = true;
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     std::lock_guard lock(mu_);
-    group_.reset();  // peers blocked on us see the connections drop
+    runner_->Leave();  // peers blocked on us see the connections drop
     in_group_ = false;
   }
   void Wait() { server_->Wait(); }
@@ -151,18 +152,15 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
         req->collective_timeout_ms() > 0 ? std::min<uint32_t>(req->collective_timeout_ms(), 600000)
                                          : 30000);
     std::lock_guard lock(mu_);
-    group_.reset();
+    runner_->Leave();
     in_group_ = false;
     auto store = MakeGrpcRendezvousStore(req->rendezvous(), timeout);
-    CollectiveLayout layout{options_.stage, options_.num_stages, options_.tp_rank,
-                            options_.tp_size};
-    auto group = CollectiveGroup::Form(*store, collective_host_, layout, req->epoch(), timeout);
-    if (!group.ok()) {
+    const Status joined = runner_->Join(*store, collective_host_, req->epoch(), timeout);
+    if (!joined.ok()) {
       spdlog::warn("LLM worker {}: join epoch {} failed: {}", address(), req->epoch(),
-                   group.status().ToString());
-      return ToGrpc(group.status());
+                   joined.ToString());
+      return ToGrpc(joined);
     }
-    group_ = std::move(*group);
     epoch_ = req->epoch();
     in_group_ = true;
     resp->set_epoch(req->epoch());
@@ -183,13 +181,13 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
     const auto t0 = Clock::now();
     std::vector<float> logits;
     if (runner_->last_stage()) logits.resize(batch.logit_rows.size() * runner_->vocab().count);
-    Status s = runner_->Forward(batch, tables, group_.get(), logits);
-    const double collective = group_ ? group_->TakeSeconds() : 0.0;
+    Status s = runner_->Forward(batch, tables, logits);
+    const double collective = runner_->TakeCollectiveSeconds();
     if (!s.ok()) {
       if (s.code() == StatusCode::kAborted) {
         spdlog::warn("LLM worker {}: {}; leaving group epoch {}", address(), s.message(),
                      epoch_.load());
-        group_.reset();
+        runner_->Leave();
         in_group_ = false;
       }
       return ToGrpc(s.WithContext("LLM worker " + address()));
@@ -217,14 +215,14 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
     auto span = [](const google::protobuf::RepeatedField<int32_t>& f) {
       return std::span<const int32_t>(f.data(), static_cast<size_t>(f.size()));
     };
-    runner_->MoveKv(span(req->block_table()), span(req->src()), span(req->dst()));
+    SI_RETURN_GRPC(runner_->MoveKv(span(req->block_table()), span(req->src()), span(req->dst())));
     return grpc::Status::OK;
   }
 
   grpc::Status Release(grpc::ServerContext*, const pb::LlmReleaseRequest*,
                        pb::LlmReleaseResponse*) override {
     std::lock_guard lock(mu_);
-    group_.reset();
+    runner_->Leave();
     in_group_ = false;
     return grpc::Status::OK;
   }
@@ -233,7 +231,7 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
                      pb::LlmDrainResponse*) override {
     draining_ = true;
     std::lock_guard lock(mu_);  // the call in flight, if any, has finished
-    group_.reset();
+    runner_->Leave();
     in_group_ = false;
     return grpc::Status::OK;
   }
@@ -256,10 +254,10 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
 
   // Requires mu_.
   Status CheckEpoch(uint64_t epoch) const {
-    if (!group_ || epoch != epoch_)
+    if (!runner_->in_group() || epoch != epoch_)
       return FailedPreconditionError("LLM worker " + address() + " is not in group epoch " +
                                      std::to_string(epoch) + " (it is " +
-                                     (group_ ? "in epoch " + std::to_string(epoch_.load())
+                                     (runner_->in_group() ? "in epoch " + std::to_string(epoch_.load())
                                              : std::string("in no group")) +
                                      ")");
     return Status::Ok();
@@ -292,7 +290,7 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
   }
 
   const LlmWorkerOptions options_;
-  std::unique_ptr<CpuShardRunner> runner_;
+  std::unique_ptr<WorkerShard> runner_;  // the share and its group
   const uint64_t fingerprint_;
   uint64_t boot_id_ = 0;
   std::string collective_host_;
@@ -305,8 +303,7 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
   RendezvousTable store_;
   std::atomic<bool> draining_{false}, shut_down_{false}, in_group_{false};
   std::atomic<uint64_t> epoch_{0};
-  std::mutex mu_;  // one Forward/MoveKv/Join at a time; guards group_
-  std::unique_ptr<CollectiveGroup> group_;
+  std::mutex mu_;  // one Forward/MoveKv/Join at a time; guards runner_'s group
 };
 
 LlmWorkerServer::LlmWorkerServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -329,11 +326,12 @@ StatusOr<std::unique_ptr<LlmWorkerServer>> LlmWorkerServer::Start(
   const CollectiveLayout layout{o.stage, o.num_stages, o.tp_rank, o.tp_size};
   const int32_t blocks =
       KvBlocksPerSequence(model->config().max_seq_len, o.kv_block_size) * o.max_sequences;
-  CpuRunnerOptions ro;
+  WorkerShardOptions ro;
   ro.num_threads = o.num_threads;
   ro.num_kv_blocks = blocks;
   ro.kv_block_size = o.kv_block_size;
-  SI_ASSIGN_OR_RETURN(auto runner, CpuShardRunner::Create(std::move(model), layout, ro));
+  ro.device = o.device;
+  SI_ASSIGN_OR_RETURN(auto runner, CreateWorkerShard(o.backend, std::move(model), layout, ro));
   auto impl = std::make_unique<Impl>(o, std::move(runner), fingerprint);
   SI_RETURN_IF_ERROR(impl->Listen());
   return std::unique_ptr<LlmWorkerServer>(new LlmWorkerServer(std::move(impl)));

@@ -1,6 +1,7 @@
 // An LLM worker: one (pipeline stage, tensor-parallel rank) share of the model
-// (backend/cpu/shard_runner.h) behind the gRPC service of proto/llm_worker.proto. The request
-// manager's RemoteLlmRunner (dist/llm_client.h) registers it, joins it into a Gloo group with
+// (dist/worker_shard.h: backend/cpu/shard_runner.h over Gloo, or on a GPU
+// backend/cuda/cuda_runner.h over NCCL) behind the gRPC service of proto/llm_worker.proto. The
+// request manager's RemoteLlmRunner (dist/llm_client.h) registers it, joins it into a group with
 // its peers and sends it every forward pass of the group.
 //
 // The worker keeps no per-sequence state: every Forward carries the sequences' block tables,
@@ -35,6 +36,10 @@ struct LlmWorkerOptions {
   int32_t max_sequences = 8;   // KV storage: this many full-context sequences
   int32_t kv_block_size = 16;
   bool dequantize = false;     // float32 copies of its weights
+  // Where the share runs (dist/worker_shard.h's registry: "cpu", or "cuda" in programs built
+  // with the CUDA backend) and, for a GPU, on which device.
+  std::string backend = "cpu";
+  int32_t device = 0;
 };
 
 class LlmWorkerServer {

@@ -28,6 +28,8 @@ constexpr size_t kSharedOptinLimit = 227 * 1024;   // H100: 227 KiB per block wi
 constexpr int kMaxThreadsPerBlock = 1024;
 
 thread_local cudaError_t g_last_error = cudaSuccess;
+constexpr int kDevices = 8;
+thread_local int g_device = 0;
 
 [[noreturn]] void Fatal(const std::string& what) {
   std::fprintf(stderr, "CUDA emulator: %s\n", what.c_str());
@@ -450,20 +452,24 @@ const char* cudaGetErrorString(cudaError_t e) {
 }
 const char* cudaGetErrorName(cudaError_t e) { return cudaGetErrorString(e); }
 
+// kDevices devices, so that multi-GPU code (ranks as threads, each on its own device) runs: they
+// share one host memory and its capacity; the current device is per thread, as in CUDA.
 cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
+  *count = specinfer::emu::kDevices;
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {
-  return device == 0 ? cudaSuccess : Fail(cudaErrorInvalidDevice);
+  if (device < 0 || device >= specinfer::emu::kDevices) return Fail(cudaErrorInvalidDevice);
+  specinfer::emu::g_device = device;
+  return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int* device) {
-  *device = 0;
+  *device = specinfer::emu::g_device;
   return cudaSuccess;
 }
 
 cudaError_t cudaGetDeviceProperties_v2(cudaDeviceProp* prop, int device) {
-  if (device != 0) return Fail(cudaErrorInvalidDevice);
+  if (device < 0 || device >= specinfer::emu::kDevices) return Fail(cudaErrorInvalidDevice);
   std::memset(prop, 0, sizeof(*prop));
   std::snprintf(prop->name, sizeof(prop->name), "CUDA emulator on the CPU");
   prop->major = 9;
@@ -483,7 +489,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
 }
 
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
-  if (device != 0) return Fail(cudaErrorInvalidDevice);
+  if (device < 0 || device >= specinfer::emu::kDevices) return Fail(cudaErrorInvalidDevice);
   switch (attr) {
     case cudaDevAttrMultiProcessorCount:
       *value = 132;
@@ -567,6 +573,20 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t) {
   return cudaMemcpy(dst, src, bytes, kind);
+}
+cudaError_t cudaMemcpy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                         size_t height, cudaMemcpyKind /*kind*/) {
+  if (width > dpitch || width > spitch) return Fail(cudaErrorInvalidValue);
+  if (width > 0 && height > 0 && (dst == nullptr || src == nullptr))
+    return Fail(cudaErrorInvalidValue);
+  for (size_t r = 0; r < height; ++r)
+    std::memmove(static_cast<uint8_t*>(dst) + r * dpitch,
+                 static_cast<const uint8_t*>(src) + r * spitch, width);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
+                              size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t) {
+  return cudaMemcpy2D(dst, dpitch, src, spitch, width, height, kind);
 }
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
   if (bytes > 0 && dst == nullptr) return Fail(cudaErrorInvalidValue);

@@ -10,7 +10,9 @@
 // result (threads run in order up to a barrier, not all at once).
 // The runtime (cudaMalloc, cudaMemcpy, streams, events, cudaFuncSetAttribute) and the two cuBLAS
 // GEMMs the backend calls are implemented over host memory in cuda_emu.cc: device pointers are
-// host pointers; every stream is synchronous.
+// host pointers; every stream is synchronous. There are 8 devices (the current one per thread),
+// one host memory under them, so multi-GPU code runs with ranks as threads
+// (backend/cuda/thread_collective.h stands in for NCCL there).
 //
 // What it checks that a plain CPU port would not: launch shapes (block size, grid limits, dynamic
 // shared memory above 48 KiB without the opt-in attribute), shared memory and fresh cudaMalloc

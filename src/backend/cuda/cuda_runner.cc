@@ -162,6 +162,19 @@ struct CudaModelRunner::Impl {
   DeviceBuffer meta;
   PinnedBuffer meta_host, logits_host;
 
+  // The share of the model (backend/cpu/shard_runner.h's split): layers [layer_range] of the
+  // model are this runner's layers [0, layer_range.count); widths are this TP rank's.
+  CollectiveLayout layout;
+  std::shared_ptr<DeviceCollective> group;  // null with a 1 x 1 layout
+  ShardRange layer_range, vocab_range;
+  std::vector<ShardRange> q_cols, dim_rows, hidden_rows;  // per TP rank, in floats
+  int32_t hq = 0, hk = 0;                                 // this rank's query and KV heads
+  int64_t q_local = 0, kv_local = 0, hidden_local = 0;    // q_dim, kv_dim, hidden: its share
+  // TP > 1 only: the gathered attention output [N, q_dim], this rank's rows of a dim-wide product
+  // [N, dim share], the gathered SwiGLU output [N, hidden], and the all-gathers' rank-major
+  // landing buffer.
+  float *att_full = nullptr, *part = nullptr, *ffn_full = nullptr, *gathered = nullptr;
+
   ~Impl() {
     if (cublas) cublasDestroy(cublas);
     if (stream) cudaStreamDestroy(stream);
@@ -169,14 +182,41 @@ struct CudaModelRunner::Impl {
 
   const ModelConfig& config() const { return model->config(); }
   int64_t KvLayerBytes() const {
-    return kv_slots * config().kv_dim() * static_cast<int64_t>(kv_elem_bytes);
+    return kv_slots * kv_local * static_cast<int64_t>(kv_elem_bytes);
   }
+  bool sharded() const { return layout.tp_size > 1 || layout.num_stages > 1; }
+  // Waits for the stream (through the group when there is one: bounded, and its errors count).
+  Status Wait(const char* what) {
+    if (group) return group->Synchronize(stream).WithContext(what);
+    return CudaStatus(cudaStreamSynchronize(stream), what);
+  }
+  // All-gathers `local` ([n, shares[tp_rank]]) into `full` ([n, sum(shares)]), token-major.
+  Status Gather(const float* local, int32_t n, std::span<const ShardRange> shares, float* full);
+  // A failed pass of a share: its peers must not wait for it.
+  Status Fail(Status s) {
+    if (group && !s.ok()) group->Abort(s);
+    return s;
+  }
+  Status Run(const ForwardBatch& batch, std::span<const std::span<const int32_t>> tables,
+             std::span<float> logits);
+  Status SetGroup(std::shared_ptr<DeviceCollective> c) {
+    if (c) {
+      const CollectiveLayout& g = c->layout();
+      if (g.stage != layout.stage || g.num_stages != layout.num_stages ||
+          g.tp_rank != layout.tp_rank || g.tp_size != layout.tp_size)
+        return InvalidArgumentError("the collective's layout differs from the runner's");
+    }
+    group = sharded() ? std::move(c) : nullptr;
+    return Status::Ok();
+  }
+  Status Move(std::span<const int32_t> table, std::span<const int32_t> src,
+              std::span<const int32_t> dst);
 
   Status Init(const CudaRunnerOptions& o, bool random, DType random_type, uint64_t seed);
   Status Matmul(const DeviceMatrix& w, const float* xin, int32_t n, float* y, float beta,
                 bool use_cublas);
-  Status RunPiece(const ForwardBatch& batch, const KvCacheManager& kv, int32_t g0, int32_t g1,
-                  std::span<float> logits_out);
+  Status RunPiece(const ForwardBatch& batch, std::span<const std::span<const int32_t>> tables,
+                  int32_t g0, int32_t g1, std::span<float> logits_out);
 };
 
 namespace {
@@ -206,6 +246,35 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
                               c.architecture + " model needs " + names +
                               " (use the CPU backend)");
   }
+  SI_RETURN_IF_ERROR(CheckShardable(c, o.layout));
+  layout = o.layout;
+  if (layout.tp_size > 1 || layout.num_stages > 1) {
+    if (random)
+      return InvalidArgumentError("random device weights are for the whole model (1 x 1)");
+    SI_RETURN_IF_ERROR(SetGroup(o.collective));
+  }
+  const int32_t T = layout.tp_size, me = layout.tp_rank;
+  layer_range = SplitEvenly(c.n_layers, layout.num_stages, layout.stage);
+  vocab_range = SplitEvenly(c.vocab_size, T, me);
+  ShardRange kv_cols;
+  for (int32_t i = 0; i < T; ++i) {
+    const ShardRange kvh = SplitEvenly(c.n_kv_heads, T, i);
+    const ShardRange h = SplitEvenly(c.n_heads, T, i);  // = kvh * group: T divides n_kv_heads
+    q_cols.push_back({h.begin * c.head_dim, h.count * c.head_dim});
+    dim_rows.push_back(SplitEvenly(c.dim, T, i));
+    hidden_rows.push_back(SplitEvenly(c.hidden_dim, T, i));
+    if (i == me) {
+      hq = static_cast<int32_t>(h.count);
+      hk = static_cast<int32_t>(kvh.count);
+      kv_cols = {kvh.begin * c.head_dim, kvh.count * c.head_dim};
+    }
+  }
+  q_local = q_cols[static_cast<size_t>(me)].count;
+  kv_local = kv_cols.count;
+  hidden_local = hidden_rows[static_cast<size_t>(me)].count;
+  const bool first_stage = layout.stage == 0;
+  const bool last_stage = layout.stage + 1 == layout.num_stages;
+
   if (DeviceCount() <= o.device || o.device < 0)
     return FailedPreconditionError("no CUDA device " + std::to_string(o.device) + " (found " +
                                    std::to_string(DeviceCount()) + ")");
@@ -225,53 +294,63 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   const ModelWeights& w = model->weights();
   std::vector<MatrixSlot> mats;
   std::vector<VectorSlot> vecs;
-  layers.resize(static_cast<size_t>(c.n_layers));
-  const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), hidden = c.hidden_dim;
-  auto add_matrix = [&](const WeightMatrix* hm, int64_t rows, int64_t cols, DeviceMatrix* t) {
+  layers.resize(static_cast<size_t>(layer_range.count));
+  const int64_t dim = c.dim, q_dim = c.q_dim(), hidden = c.hidden_dim;
+  // Rows [rows] of a matrix with `cols` columns (all of them with a 1 x 1 layout).
+  auto add_matrix = [&](const WeightMatrix* hm, ShardRange rows, int64_t cols, DeviceMatrix* t) {
     MatrixSlot s;
-    s.rows = rows;
+    s.rows = rows.count;
     s.cols = cols;
     s.target = t;
     if (random) {
       s.type = random_type;
     } else {
-      s.host = hm->data;
+      s.host = hm->row(rows.begin);
       s.type = hm->type;
     }
     mats.push_back(s);
   };
+  auto slice = [](const WeightVector& v, ShardRange r) -> const float* {
+    return v.data == nullptr ? nullptr : v.data + r.begin;  // missing: refused below
+  };
+  const ShardRange q_rows = q_cols[static_cast<size_t>(me)];
+  const ShardRange d_rows = dim_rows[static_cast<size_t>(me)];
+  const ShardRange h_rows = hidden_rows[static_cast<size_t>(me)];
   if (!random) {
     if (w.token_embedding.empty() || w.output.empty() || w.final_norm.data == nullptr ||
         w.layers.size() != static_cast<size_t>(c.n_layers))
       return InvalidArgumentError("model weights are incomplete");
   }
-  add_matrix(&w.token_embedding, c.vocab_size, dim, &emb);
-  for (int32_t i = 0; i < c.n_layers; ++i) {
+  if (first_stage) add_matrix(&w.token_embedding, {0, c.vocab_size}, dim, &emb);
+  for (int32_t i = 0; i < layer_range.count; ++i) {
     DeviceLayer& dl = layers[static_cast<size_t>(i)];
-    const LayerWeights* hl = random ? nullptr : &w.layers[static_cast<size_t>(i)];
+    const LayerWeights* hl =
+        random ? nullptr : &w.layers[static_cast<size_t>(layer_range.begin + i)];
     if (hl) {
       for (const WeightMatrix* m :
            {&hl->wq, &hl->wk, &hl->wv, &hl->wo, &hl->w_gate, &hl->w_down, &hl->w_up})
         if (m->empty()) return InvalidArgumentError("model is missing a layer weight");
     }
-    add_matrix(hl ? &hl->wq : nullptr, q_dim, dim, &dl.wq);
-    add_matrix(hl ? &hl->wk : nullptr, kv_dim, dim, &dl.wk);
-    add_matrix(hl ? &hl->wv : nullptr, kv_dim, dim, &dl.wv);
-    add_matrix(hl ? &hl->wo : nullptr, dim, q_dim, &dl.wo);
-    add_matrix(hl ? &hl->w_gate : nullptr, hidden, dim, &dl.w_gate);
-    add_matrix(hl ? &hl->w_down : nullptr, dim, hidden, &dl.w_down);
-    add_matrix(hl ? &hl->w_up : nullptr, hidden, dim, &dl.w_up);
+    add_matrix(hl ? &hl->wq : nullptr, q_rows, dim, &dl.wq);
+    add_matrix(hl ? &hl->wk : nullptr, kv_cols, dim, &dl.wk);
+    add_matrix(hl ? &hl->wv : nullptr, kv_cols, dim, &dl.wv);
+    add_matrix(hl ? &hl->wo : nullptr, d_rows, q_dim, &dl.wo);
+    add_matrix(hl ? &hl->w_gate : nullptr, h_rows, dim, &dl.w_gate);
+    add_matrix(hl ? &hl->w_down : nullptr, d_rows, hidden, &dl.w_down);
+    add_matrix(hl ? &hl->w_up : nullptr, h_rows, dim, &dl.w_up);
     vecs.push_back({hl ? hl->attn_norm.data : nullptr, dim, 1.0f, &dl.attn_norm});
     vecs.push_back({hl ? hl->ffn_norm.data : nullptr, dim, 1.0f, &dl.ffn_norm});
     if (c.attention_bias) {
-      vecs.push_back({hl ? hl->bq.data : nullptr, q_dim, 0.0f, &dl.bq});
-      vecs.push_back({hl ? hl->bk.data : nullptr, kv_dim, 0.0f, &dl.bk});
-      vecs.push_back({hl ? hl->bv.data : nullptr, kv_dim, 0.0f, &dl.bv});
+      vecs.push_back({hl ? slice(hl->bq, q_rows) : nullptr, q_local, 0.0f, &dl.bq});
+      vecs.push_back({hl ? slice(hl->bk, kv_cols) : nullptr, kv_local, 0.0f, &dl.bk});
+      vecs.push_back({hl ? slice(hl->bv, kv_cols) : nullptr, kv_local, 0.0f, &dl.bv});
     }
   }
-  add_matrix(&w.output, c.vocab_size, dim, &output);
-  vecs.push_back({random ? nullptr : w.final_norm.data, dim, 1.0f, &final_norm});
-  if (random && c.tied_output) mats.back().alias = true;
+  if (last_stage) {
+    add_matrix(&w.output, vocab_range, dim, &output);
+    vecs.push_back({random ? nullptr : w.final_norm.data, dim, 1.0f, &final_norm});
+    if (random && c.tied_output) mats.back().alias = true;
+  }
 
   Arena warena;
   for (size_t i = 0; i < mats.size(); ++i) {
@@ -312,8 +391,16 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   // --- KV cache ---
   KvCacheType kt = o.kv_type;
   if (kt == KvCacheType::kAuto) {
+    // From the whole model's matrices, so that every share of it picks the same type.
     bool all_f32 = true;
-    for (const MatrixSlot& s : mats) all_f32 &= s.type == DType::kF32;
+    if (random) {
+      all_f32 = random_type == DType::kF32;
+    } else {
+      all_f32 = w.token_embedding.type == DType::kF32 && w.output.type == DType::kF32;
+      for (const LayerWeights& l : w.layers)
+        for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_down, &l.w_up})
+          all_f32 &= m->type == DType::kF32;
+    }
     kt = all_f32 ? KvCacheType::kF32 : KvCacheType::kF16;
   }
   kv_type = kt == KvCacheType::kF32   ? kernels::AttnType::kF32
@@ -321,7 +408,7 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
                                       : kernels::AttnType::kBF16;
   kv_elem_bytes = kt == KvCacheType::kF32 ? 4 : 2;
   kv_slots = static_cast<int64_t>(o.num_kv_blocks) * o.kv_block_size;
-  plan.kv_cache = 2 * c.n_layers * KvLayerBytes();
+  plan.kv_cache = 2 * layer_range.count * KvLayerBytes();
 
   // --- workspace ---
   const int64_t n = o.max_batch_tokens;
@@ -330,15 +417,20 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   Arena wsa;
   const int64_t x_off = wsa.Add(4 * n * dim);
   const int64_t xb_off = wsa.Add(4 * n * std::max(dim, q_dim));
-  const int64_t q_off = wsa.Add(4 * n * q_dim);
-  const int64_t k_off = wsa.Add(4 * n * kv_dim);
-  const int64_t v_off = wsa.Add(4 * n * kv_dim);
-  const int64_t att_off = wsa.Add(4 * n * q_dim);
-  const int64_t gate_off = wsa.Add(4 * n * hidden);
-  const int64_t up_off = wsa.Add(4 * n * hidden);
+  const int64_t q_off = wsa.Add(4 * n * q_local);
+  const int64_t k_off = wsa.Add(4 * n * kv_local);
+  const int64_t v_off = wsa.Add(4 * n * kv_local);
+  const int64_t att_off = wsa.Add(4 * n * q_local);
+  const int64_t gate_off = wsa.Add(4 * n * hidden_local);
+  const int64_t up_off = wsa.Add(4 * n * hidden_local);
   const int64_t fin_off = wsa.Add(4 * int64_t{logit_chunk} * dim);
-  const int64_t logits_off = wsa.Add(4 * int64_t{logit_chunk} * c.vocab_size);
-  const int64_t qkv_off = kv_elem_bytes == 2 ? wsa.Add(2 * n * q_dim) : -1;
+  const int64_t logits_off = wsa.Add(4 * int64_t{logit_chunk} * vocab_range.count);
+  const int64_t qkv_off = kv_elem_bytes == 2 ? wsa.Add(2 * n * q_local) : -1;
+  const bool tp = layout.tp_size > 1;
+  const int64_t att_full_off = tp ? wsa.Add(4 * n * q_dim) : -1;
+  const int64_t part_off = tp ? wsa.Add(4 * n * d_rows.count) : -1;
+  const int64_t ffn_full_off = tp ? wsa.Add(4 * n * hidden) : -1;
+  const int64_t gathered_off = tp ? wsa.Add(4 * n * max_in) : -1;
   const bool cublas_on = o.cublas_min_tokens > 0 && o.cublas_min_tokens <= o.max_batch_tokens;
   const int64_t x16_off = cublas_on ? wsa.Add(2 * n * max_in) : -1;
   const int64_t w16_off =
@@ -352,7 +444,7 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   attn_chunk = (attn_chunk + kernels::kTreeAttnTileKv - 1) / kernels::kTreeAttnTileKv *
                kernels::kTreeAttnTileKv;
   const int64_t max_chunks = (max_kv + attn_chunk - 1) / attn_chunk;
-  partial_rows = max_chunks > 1 ? n * c.n_heads * max_chunks : 0;
+  partial_rows = max_chunks > 1 ? n * hq * max_chunks : 0;
   const int64_t po_off = partial_rows > 0 ? wsa.Add(4 * partial_rows * c.head_dim) : -1;
   const int64_t pml_off = partial_rows > 0 ? wsa.Add(8 * partial_rows) : -1;
   // The tensor-core products' split activations (BF16's three parts are the larger).
@@ -431,7 +523,7 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   }
 
   k_cache = kv_buf.get<uint8_t>();
-  v_cache = k_cache + c.n_layers * KvLayerBytes();
+  v_cache = k_cache + layer_range.count * KvLayerBytes();
   // Zeroed so that reading a never-written slot (a bug) gives zeros, not NaNs.
   SI_RETURN_IF_ERROR(
       CudaStatus(cudaMemsetAsync(kv_buf.get(), 0, plan.kv_cache, stream), "KV clear"));
@@ -454,12 +546,16 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   partial_out = po_off >= 0 ? f(po_off) : nullptr;
   partial_ml = pml_off >= 0 ? f(pml_off) : nullptr;
   linear_scratch = f(ls_off);
+  att_full = att_full_off >= 0 ? f(att_full_off) : nullptr;
+  part = part_off >= 0 ? f(part_off) : nullptr;
+  ffn_full = ffn_full_off >= 0 ? f(ffn_full_off) : nullptr;
+  gathered = gathered_off >= 0 ? f(gathered_off) : nullptr;
 
   // Metadata for a typical pass; grows if a pass needs more.
   SI_RETURN_IF_ERROR(meta.Reserve(int64_t{64} << 10, "pass metadata"));
   SI_RETURN_IF_ERROR(meta_host.Reserve(int64_t{64} << 10, "pass metadata"));
   SI_RETURN_IF_ERROR(
-      logits_host.Reserve(4 * int64_t{logit_chunk} * c.vocab_size, "logits staging"));
+      logits_host.Reserve(4 * int64_t{logit_chunk} * vocab_range.count, "logits staging"));
   return CudaStatus(cudaStreamSynchronize(stream), "model upload");
 }
 
@@ -515,7 +611,9 @@ int64_t Append(std::vector<uint8_t>& blob, const T* data, size_t count) {
 
 // The operations of backend/llama_program.h for one piece of a batch ([np] tokens) on the GPU:
 // the launches RunPiece made, in the same order. Residual adds are fused into the products
-// (beta = 1), so ProjectOutAdd and ProjectDownAdd are one product each.
+// (beta = 1), so ProjectOutAdd and ProjectDownAdd are one product each. With TP > 1 they are a
+// gather of the input, this rank's rows of the product, a gather of those rows and the residual
+// add, which rounds exactly as the fused beta = 1 (fma(1, x, p) == x + p).
 struct PieceOps {
   using Impl = CudaModelRunner::Impl;
   PieceOps(Impl& impl, const ForwardBatch& b, int32_t n, const std::vector<int32_t>& local,
@@ -529,6 +627,8 @@ struct PieceOps {
   }
 
   Status Input() {
+    if (im.layout.stage > 0)
+      return im.group->RecvFromPrevStage(im.x, static_cast<size_t>(np) * c.dim, im.stream);
     return Check(kernels::LaunchDequantizeRows(im.emb.type, im.emb.data, im.emb.rows, c.dim,
                                                d_tokens, np, im.x, im.stream),
                  "embedding");
@@ -546,23 +646,23 @@ struct PieceOps {
     SI_RETURN_IF_ERROR(im.Matmul(l.wk, im.xb, np, im.k, 0.0f, use_cublas));
     SI_RETURN_IF_ERROR(im.Matmul(l.wv, im.xb, np, im.v, 0.0f, use_cublas));
     if (l.bq == nullptr) return Status::Ok();
-    SI_RETURN_IF_ERROR(Check(kernels::LaunchAddBias(im.q, l.bq, np, c.q_dim(), im.stream), "bias"));
     SI_RETURN_IF_ERROR(
-        Check(kernels::LaunchAddBias(im.k, l.bk, np, c.kv_dim(), im.stream), "bias"));
-    return Check(kernels::LaunchAddBias(im.v, l.bv, np, c.kv_dim(), im.stream), "bias");
+        Check(kernels::LaunchAddBias(im.q, l.bq, np, im.q_local, im.stream), "bias"));
+    SI_RETURN_IF_ERROR(
+        Check(kernels::LaunchAddBias(im.k, l.bk, np, im.kv_local, im.stream), "bias"));
+    return Check(kernels::LaunchAddBias(im.v, l.bv, np, im.kv_local, im.stream), "bias");
   }
   // RoPE on q and k, k and v appended to the layer's cache slots, and q cast to a 16-bit cache's
   // type for the attention kernel.
   Status RopeAndStoreKv(int32_t li) {
-    SI_RETURN_IF_ERROR(Check(kernels::LaunchRope(im.q, c.n_heads, im.k, c.n_kv_heads, c.head_dim,
-                                                 d_pos, np, im.rope_cos, im.rope_sin,
-                                                 im.rope_max_pos, im.inv_freq, rope_mode,
-                                                 im.stream),
-                             "rope"));
+    SI_RETURN_IF_ERROR(
+        Check(kernels::LaunchRope(im.q, im.hq, im.k, im.hk, c.head_dim, d_pos, np, im.rope_cos,
+                                  im.rope_sin, im.rope_max_pos, im.inv_freq, rope_mode, im.stream),
+              "rope"));
     uint8_t* kl = im.k_cache + li * im.KvLayerBytes();
     uint8_t* vl = im.v_cache + li * im.KvLayerBytes();
-    const int32_t kv_dim = c.kv_dim();
-    const int64_t q_elems = int64_t{np} * c.q_dim();
+    const int32_t kv_dim = static_cast<int32_t>(im.kv_local);
+    const int64_t q_elems = int64_t{np} * im.q_local;
     cudaError_t err;
     switch (im.kv_type) {
       case kernels::AttnType::kF32:
@@ -595,7 +695,11 @@ struct PieceOps {
                  "tree attention");
   }
   Status ProjectOutAdd(int32_t li) {  // x += att W_o^T
-    return im.Matmul(im.layers[static_cast<size_t>(li)].wo, im.att, np, im.x, 1.0f, use_cublas);
+    const DeviceMatrix& wo = im.layers[static_cast<size_t>(li)].wo;
+    if (im.layout.tp_size == 1) return im.Matmul(wo, im.att, np, im.x, 1.0f, use_cublas);
+    SI_RETURN_IF_ERROR(im.Gather(im.att, np, im.q_cols, im.att_full));
+    SI_RETURN_IF_ERROR(im.Matmul(wo, im.att_full, np, im.part, 0.0f, use_cublas));
+    return GatherAndAdd();
   }
   Status ProjectGateUp(int32_t li) {
     const DeviceLayer& l = im.layers[static_cast<size_t>(li)];
@@ -603,16 +707,28 @@ struct PieceOps {
     return im.Matmul(l.w_up, im.xb, np, im.up, 0.0f, use_cublas);
   }
   Status SwiGlu() {
-    return Check(kernels::LaunchSwiGlu(im.gate, im.up, int64_t{np} * c.hidden_dim, im.stream),
+    return Check(kernels::LaunchSwiGlu(im.gate, im.up, int64_t{np} * im.hidden_local, im.stream),
                  "swiglu");
   }
   Status ProjectDownAdd(int32_t li) {  // x += ffn
-    return im.Matmul(im.layers[static_cast<size_t>(li)].w_down, im.gate, np, im.x, 1.0f,
-                     use_cublas);
+    const DeviceMatrix& wd = im.layers[static_cast<size_t>(li)].w_down;
+    if (im.layout.tp_size == 1) return im.Matmul(wd, im.gate, np, im.x, 1.0f, use_cublas);
+    SI_RETURN_IF_ERROR(im.Gather(im.gate, np, im.hidden_rows, im.ffn_full));
+    SI_RETURN_IF_ERROR(im.Matmul(wd, im.ffn_full, np, im.part, 0.0f, use_cublas));
+    return GatherAndAdd();
   }
-  // Final norm and classifier for the wanted rows, logit_chunk rows at a time.
+  // TP > 1: xb = all-gather of this rank's rows of a dim-wide product; x += xb.
+  Status GatherAndAdd() {
+    SI_RETURN_IF_ERROR(im.Gather(im.part, np, im.dim_rows, im.xb));
+    return Check(kernels::LaunchAddBias(im.x, im.xb, 1, int64_t{np} * c.dim, im.stream),
+                 "residual add");
+  }
+  // Final norm and classifier for the wanted rows (this rank's vocabulary rows), logit_chunk rows
+  // at a time; before the last stage, x goes on to the next one instead.
   Status Output() {
-    const int64_t vocab = c.vocab_size;
+    if (im.layout.stage + 1 < im.layout.num_stages)
+      return im.group->SendToNextStage(im.x, static_cast<size_t>(np) * c.dim, im.stream);
+    const int64_t vocab = im.vocab_range.count;
     const size_t chunk = static_cast<size_t>(im.logit_chunk);
     for (size_t r0 = 0; r0 < logit_local.size(); r0 += chunk) {
       const int32_t m = static_cast<int32_t>(std::min(chunk, logit_local.size() - r0));
@@ -626,7 +742,7 @@ struct PieceOps {
           Check(cudaMemcpyAsync(im.logits_host.get(), im.logits, static_cast<size_t>(m * vocab) * 4,
                                 cudaMemcpyDeviceToHost, im.stream),
                 "logits download"));
-      SI_RETURN_IF_ERROR(Check(cudaStreamSynchronize(im.stream), "forward pass"));
+      SI_RETURN_IF_ERROR(im.Wait("forward pass"));
       for (int32_t i = 0; i < m; ++i)
         std::memcpy(logits_out.data() + static_cast<size_t>(logit_index[r0 + i]) * vocab,
                     im.logits_host.get<float>() + static_cast<size_t>(i) * vocab,
@@ -656,7 +772,27 @@ struct PieceOps {
 
 }  // namespace
 
-Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch, const KvCacheManager& kv,
+Status CudaModelRunner::Impl::Gather(const float* local, int32_t n,
+                                     std::span<const ShardRange> shares, float* full) {
+  std::vector<size_t> counts;
+  for (const ShardRange& s : shares) counts.push_back(static_cast<size_t>(n * s.count));
+  SI_RETURN_IF_ERROR(group->AllGather(local, gathered, counts, stream));
+  // [rank][n][share] -> [n][total]
+  const int64_t total = shares.back().end();
+  const float* src = gathered;
+  for (const ShardRange& s : shares) {
+    SI_RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpy2DAsync(full + s.begin, static_cast<size_t>(total) * 4, src,
+                          static_cast<size_t>(s.count) * 4, static_cast<size_t>(s.count) * 4,
+                          static_cast<size_t>(n), cudaMemcpyDeviceToDevice, stream),
+        "gather layout"));
+    src += n * s.count;
+  }
+  return Status::Ok();
+}
+
+Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
+                                       std::span<const std::span<const int32_t>> tables_in,
                                        int32_t g0, int32_t g1, std::span<float> logits_out) {
   const ModelConfig& c = config();
   const int32_t np = g1 - g0;
@@ -667,7 +803,8 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch, const KvCacheM
   std::vector<kernels::TreeAttentionRequest> reqs;
   std::vector<int32_t> tables;
   std::vector<uint64_t> masks;
-  for (const BatchSequence& s : batch.seqs) {
+  for (size_t si = 0; si < batch.seqs.size(); ++si) {
+    const BatchSequence& s = batch.seqs[si];
     const int32_t b = std::max(g0, s.token_begin), e = std::min(g1, s.token_begin + s.token_count);
     if (b >= e) continue;
     const int32_t row0 = b - s.token_begin, rows = e - b;
@@ -688,18 +825,20 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch, const KvCacheM
       masks.insert(masks.end(), first, first + static_cast<int64_t>(rows) * s.mask->words_per_row);
     }
     const int32_t kv_len = r.kv_prefix + r.masked_kv + rows;
-    std::span<const int32_t> table = kv.BlockTable(s.seq);
+    std::span<const int32_t> table = tables_in[si];
     const int32_t nblocks = (kv_len + bs - 1) / bs;
     r.block_table_begin = static_cast<int32_t>(tables.size());
     tables.insert(tables.end(), table.begin(), table.begin() + nblocks);
-    for (int32_t i = 0; i < rows; ++i)
+    for (int32_t i = 0; i < rows; ++i) {
+      const int32_t p = s.kv_prefix + s.masked_kv + row0 + i;
       slots[static_cast<size_t>(b - g0 + i)] =
-          kv.SlotOf(s.seq, s.kv_prefix + s.masked_kv + row0 + i);
+          int64_t{table[static_cast<size_t>(p / bs)]} * bs + p % bs;
+    }
     reqs.push_back(r);
   }
   TreeAttentionPlanOptions po;
-  po.qo_heads = c.n_heads;
-  po.kv_heads = c.n_kv_heads;
+  po.qo_heads = hq;
+  po.kv_heads = hk;
   po.head_dim = c.head_dim;
   po.target_blocks = 2 * num_sms;
   po.partial_capacity_rows = partial_rows;
@@ -752,17 +891,17 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch, const KvCacheM
   ap_params.partial_ml = partial_ml;
   ap_params.num_tokens = np;
   ap_params.num_work = static_cast<int32_t>(ap.work.size());
-  ap_params.qo_heads = c.n_heads;
-  ap_params.kv_heads = c.n_kv_heads;
+  ap_params.qo_heads = hq;
+  ap_params.kv_heads = hk;
   ap_params.head_dim = c.head_dim;
   ap_params.block_size = bs;
   ap_params.kv_chunk = ap.kv_chunk;
   ap_params.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   ap_params.any_split = ap.any_split;
 
-  SI_RETURN_IF_ERROR(RunLlamaProgram(ops, c.n_layers));
+  SI_RETURN_IF_ERROR(RunLlamaProgram(ops, static_cast<int32_t>(layer_range.count)));
   // The pinned metadata is reused by the next piece: wait until this one has run.
-  return CudaStatus(cudaStreamSynchronize(stream), "forward pass");
+  return Wait("forward pass");
 }
 
 CudaModelRunner::CudaModelRunner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -798,33 +937,97 @@ Status CudaModelRunner::Synchronize() {
   return CudaStatus(cudaStreamSynchronize(impl_->stream), "synchronize");
 }
 
-Status CudaModelRunner::Forward(const ForwardBatch& batch, const KvCacheManager& kv,
-                                std::span<float> logits) {
-  const ForwardLimits limits{impl_->config().vocab_size, impl_->opt.num_kv_blocks,
-                             impl_->opt.kv_block_size};
-  SI_RETURN_IF_ERROR(CheckForward(batch, kv, limits, logits.size()));
+Status CudaModelRunner::Impl::Run(const ForwardBatch& batch,
+                                  std::span<const std::span<const int32_t>> tables,
+                                  std::span<float> logits) {
+  if (sharded() && group == nullptr)
+    return FailedPreconditionError("this share of the model is not in a group");
+  if (sharded() && layout.stage + 1 == layout.num_stages &&
+      logits.size() < batch.logit_rows.size() * static_cast<size_t>(vocab_range.count))
+    return InvalidArgumentError("logits buffer too small for this share's columns");
   const int32_t n = batch.size();
   if (n == 0) return Status::Ok();
-  SI_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(impl_->opt.device), "cudaSetDevice"));
-  for (int32_t g0 = 0; g0 < n; g0 += impl_->opt.max_batch_tokens) {
-    const int32_t g1 = std::min(n, g0 + impl_->opt.max_batch_tokens);
-    Status s = impl_->RunPiece(batch, kv, g0, g1, logits);
+  SI_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(opt.device), "cudaSetDevice"));
+  for (int32_t g0 = 0; g0 < n; g0 += opt.max_batch_tokens) {
+    const int32_t g1 = std::min(n, g0 + opt.max_batch_tokens);
+    Status s = RunPiece(batch, tables, g0, g1, logits);
     if (!s.ok()) {
-      cudaStreamSynchronize(impl_->stream);  // leave nothing running on a failed pass
+      cudaStreamSynchronize(stream);  // leave nothing running on a failed pass
       return s;
     }
   }
   return Status::Ok();
 }
 
+Status CudaModelRunner::Forward(const ForwardBatch& batch, const KvCacheManager& kv,
+                                std::span<float> logits) {
+  Impl& im = *impl_;
+  const ForwardLimits limits{im.config().vocab_size, im.opt.num_kv_blocks, im.opt.kv_block_size};
+  // A share's logits hold only its columns: Run checks their size.
+  SI_RETURN_IF_ERROR(
+      im.Fail(CheckForward(batch, kv, limits, im.sharded() ? SIZE_MAX : logits.size())));
+  std::vector<std::span<const int32_t>> tables;
+  tables.reserve(batch.seqs.size());
+  for (const BatchSequence& s : batch.seqs) tables.push_back(kv.BlockTable(s.seq));
+  return im.Fail(im.Run(batch, tables, logits));
+}
+
+Status CudaModelRunner::ForwardWithTables(const ForwardBatch& batch,
+                                          std::span<const std::span<const int32_t>> tables,
+                                          std::span<float> logits) {
+  Impl& im = *impl_;
+  const ForwardLimits limits{im.config().vocab_size, im.opt.num_kv_blocks, im.opt.kv_block_size};
+  Status s = batch.Validate(im.config().vocab_size);
+  if (s.ok() && tables.size() != batch.seqs.size())
+    s = InvalidArgumentError("one block table per sequence");
+  for (size_t i = 0; s.ok() && i < tables.size(); ++i)
+    s = CheckBlockTable(tables[i], batch.seqs[i].kv_end(), limits,
+                        "sequence " + std::to_string(i) + "'s block table");
+  if (s.ok() && !im.sharded() &&
+      logits.size() < batch.logit_rows.size() * static_cast<size_t>(im.config().vocab_size))
+    s = InvalidArgumentError("logits buffer too small");
+  SI_RETURN_IF_ERROR(im.Fail(s));
+  return im.Fail(im.Run(batch, tables, logits));
+}
+
+const CollectiveLayout& CudaModelRunner::layout() const { return impl_->layout; }
+Status CudaModelRunner::SetCollective(std::shared_ptr<DeviceCollective> collective) {
+  return impl_->SetGroup(std::move(collective));
+}
+ShardRange CudaModelRunner::layers() const { return impl_->layer_range; }
+ShardRange CudaModelRunner::vocab() const { return impl_->vocab_range; }
+
 Status CudaModelRunner::MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,
                                std::span<const int32_t> dst) {
   SI_RETURN_IF_ERROR(CheckMoveKv(kv, seq, src, dst));
+  return impl_->Move(kv.BlockTable(seq), src, dst);
+}
+
+Status CudaModelRunner::MoveKvWithTable(std::span<const int32_t> table,
+                                        std::span<const int32_t> src,
+                                        std::span<const int32_t> dst) {
+  Impl& im = *impl_;
+  if (src.size() != dst.size()) return InvalidArgumentError("MoveKv: src and dst differ in size");
+  const int64_t covers = static_cast<int64_t>(table.size()) * im.opt.kv_block_size;
+  for (size_t i = 0; i < src.size(); ++i)
+    if (src[i] < 0 || dst[i] < 0 || src[i] >= covers || dst[i] >= covers)
+      return InvalidArgumentError("MoveKv: a position outside the block table");
+  const ForwardLimits limits{im.config().vocab_size, im.opt.num_kv_blocks, im.opt.kv_block_size};
+  SI_RETURN_IF_ERROR(CheckBlockTable(table, covers, limits, "MoveKv's block table"));
+  return im.Move(table, src, dst);
+}
+
+Status CudaModelRunner::Impl::Move(std::span<const int32_t> table, std::span<const int32_t> src,
+                                   std::span<const int32_t> dst) {
+  const int32_t bs = opt.kv_block_size;
+  auto slot_of = [&](int32_t p) {
+    return int64_t{table[static_cast<size_t>(p / bs)]} * bs + p % bs;
+  };
   std::vector<int64_t> from, to;
   for (size_t i = 0; i < src.size(); ++i) {
     if (src[i] == dst[i]) continue;
-    from.push_back(kv.SlotOf(seq, src[i]));
-    to.push_back(kv.SlotOf(seq, dst[i]));
+    from.push_back(slot_of(src[i]));
+    to.push_back(slot_of(dst[i]));
   }
   if (from.empty()) return Status::Ok();
   // The moves must behave as if done in order. They run in parallel only when no slot one move
@@ -840,7 +1043,7 @@ Status CudaModelRunner::MoveKv(const KvCacheManager& kv, SeqId seq, std::span<co
   std::vector<uint8_t> blob;
   const int64_t f_off = Append(blob, from.data(), from.size());
   const int64_t t_off = Append(blob, to.data(), to.size());
-  Impl& im = *impl_;
+  Impl& im = *this;
   SI_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(im.opt.device), "cudaSetDevice"));
   SI_RETURN_IF_ERROR(im.meta_host.Reserve(static_cast<int64_t>(blob.size()), "move metadata"));
   SI_RETURN_IF_ERROR(im.meta.Reserve(static_cast<int64_t>(blob.size()), "move metadata"));
@@ -850,12 +1053,12 @@ Status CudaModelRunner::MoveKv(const KvCacheManager& kv, SeqId seq, std::span<co
                                 "move metadata upload"));
   const int64_t* d_from = reinterpret_cast<const int64_t*>(im.meta.get<uint8_t>() + f_off);
   const int64_t* d_to = reinterpret_cast<const int64_t*>(im.meta.get<uint8_t>() + t_off);
-  const ModelConfig& c = im.config();
-  const int64_t layer_stride = im.kv_slots * c.kv_dim();
+  const int64_t layer_stride = im.kv_slots * im.kv_local;
   for (int64_t i = 0; i < (hazard ? count : 1); ++i) {
     SI_RETURN_IF_ERROR(
-        CudaStatus(kernels::LaunchKvMove(im.k_cache, im.v_cache, im.kv_elem_bytes, c.n_layers,
-                                         layer_stride, c.kv_dim(), d_from + i, d_to + i,
+        CudaStatus(kernels::LaunchKvMove(im.k_cache, im.v_cache, im.kv_elem_bytes,
+                                         static_cast<int32_t>(im.layer_range.count), layer_stride,
+                                         static_cast<int32_t>(im.kv_local), d_from + i, d_to + i,
                                          hazard ? 1 : static_cast<int32_t>(count), im.stream),
                    "KV move"));
   }

@@ -24,7 +24,17 @@
 //   - device memory planned up front: weights + KV blocks + workspace for max_batch_tokens tokens
 //     are computed and allocated at Create, and a shortfall is ResourceExhausted with the sizes,
 //     never a crash; larger batches run in pieces of max_batch_tokens tokens.
-// Not done: CUDA graphs (a pass is a few dozen launches per layer on one stream), multi-GPU,
+//   - one share of a model split tensor-parallel (TP) x pipeline-parallel (PP) over GPUs
+//     (CudaRunnerOptions::layout and ::collective): exactly the CPU's split
+//     (backend/cpu/shard_runner.h: by OUTPUT ROWS with all-gathers, SplitEvenly shares, stage s
+//     holds layers SplitEvenly(n_layers, S, s), the last stage's ranks compute their vocabulary
+//     rows of the logits), with the collectives on device buffers
+//     (backend/cuda/device_collective.h: NCCL, or ranks as threads on the emulator). Each output
+//     element is still one weight row's product with the full input, so a share's batch-invariant
+//     logits are bit-identical to the whole-model runner's columns; a 1 x 1 layout runs exactly the
+//     whole-model pass (no extra copies or launches). All ranks must use the same max_batch_tokens
+//     (pieces line up).
+// Not done: CUDA graphs (a pass is a few dozen launches per layer on one stream),
 // Q5_0/Q5_1, sampling on the device inside Forward (logits are copied back; the
 // device sampling kernels are in kernels/sampling.cuh).
 // Numerics against the CPU backend (float32 weights and KV): products and attention differ only
@@ -42,6 +52,9 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/collective.h"
+#include "backend/cpu/shard_runner.h"
+#include "backend/cuda/device_collective.h"
 #include "tensor/dtype.h"
 
 namespace specinfer::cuda {
@@ -61,6 +74,11 @@ struct CudaRunnerOptions {
   // context / 16)), the same in every batch so results stay batch-invariant; the workspace for
   // the chunks' partial results is planned for max_batch_tokens tokens at full context.
   int32_t attention_chunk = 0;
+  // This runner's share of the model; with more than one rank, `collective` (whose layout must
+  // equal it) connects it to its peers (null: passes fail with FAILED_PRECONDITION until
+  // SetCollective gives it one). 1 x 1: the whole model, no collective.
+  CollectiveLayout layout;
+  std::shared_ptr<DeviceCollective> collective;
 };
 
 // Device memory the runner holds, in bytes.
@@ -91,10 +109,29 @@ class CudaModelRunner final : public ModelRunner {
 
   const Model& model() const override;
   std::string name() const override;
+  // With a TP x PP layout, every rank of the group runs the same batches in the same order (each
+  // with its own KvCacheManager making the same plans, or the same block tables); on the last
+  // stage `logits` holds [logit_rows, vocab().count] (this rank's columns), elsewhere it is not
+  // touched. A failed pass aborts the group (its peers' passes fail instead of waiting).
   Status Forward(const ForwardBatch& batch, const KvCacheManager& kv,
                  std::span<float> logits) override;
   Status MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,
                 std::span<const int32_t> dst) override;
+  // The same, with the block tables given directly (an LLM worker, which gets them with every
+  // batch): tables[i] is that of batch.seqs[i]; they are checked against the KV storage.
+  Status ForwardWithTables(const ForwardBatch& batch,
+                           std::span<const std::span<const int32_t>> tables,
+                           std::span<float> logits);
+  Status MoveKvWithTable(std::span<const int32_t> table, std::span<const int32_t> src,
+                         std::span<const int32_t> dst);
+
+  // Replaces the group of a share (a worker re-forms it under a new epoch); null: none.
+  // InvalidArgument if its layout is not the runner's.
+  Status SetCollective(std::shared_ptr<DeviceCollective> collective);
+  const CollectiveLayout& layout() const;
+  ShardRange layers() const;  // the layers this stage holds
+  ShardRange vocab() const;   // the logits columns this rank computes (last stage)
+  bool last_stage() const { return layout().stage + 1 == layout().num_stages; }
   int32_t num_kv_blocks() const override;
   int32_t kv_block_size() const override;
 

@@ -1,0 +1,99 @@
+#include "dist/worker_shard.h"
+
+#include <map>
+#include <mutex>
+
+#include "dist/collective.h"
+
+namespace specinfer {
+
+namespace {
+
+// The CPU share: CpuShardRunner, its group over Gloo.
+class CpuWorkerShard final : public WorkerShard {
+ public:
+  explicit CpuWorkerShard(std::unique_ptr<CpuShardRunner> runner) : runner_(std::move(runner)) {}
+
+  const Model& model() const override { return runner_->model(); }
+  ShardRange layers() const override { return runner_->layers(); }
+  ShardRange vocab() const override { return runner_->vocab(); }
+  bool last_stage() const override { return runner_->last_stage(); }
+  int32_t num_kv_blocks() const override { return runner_->num_kv_blocks(); }
+  int32_t kv_block_size() const override { return runner_->kv_block_size(); }
+  std::string name() const override { return "cpu"; }
+
+  Status Join(gloo::rendezvous::Store& store, const std::string& host, uint64_t epoch,
+              std::chrono::milliseconds timeout) override {
+    group_.reset();
+    SI_ASSIGN_OR_RETURN(group_,
+                        CollectiveGroup::Form(store, host, runner_->layout(), epoch, timeout));
+    return Status::Ok();
+  }
+  void Leave() override { group_.reset(); }
+  bool in_group() const override { return group_ != nullptr; }
+
+  Status Forward(const ForwardBatch& batch, std::span<const std::span<const int32_t>> tables,
+                 std::span<float> logits) override {
+    return runner_->Forward(batch, tables, group_.get(), logits);
+  }
+  Status MoveKv(std::span<const int32_t> table, std::span<const int32_t> src,
+                std::span<const int32_t> dst) override {
+    runner_->MoveKv(table, src, dst);
+    return Status::Ok();
+  }
+  double TakeCollectiveSeconds() override { return group_ ? group_->TakeSeconds() : 0.0; }
+
+ private:
+  std::unique_ptr<CpuShardRunner> runner_;
+  std::unique_ptr<CollectiveGroup> group_;
+};
+
+StatusOr<std::unique_ptr<WorkerShard>> CreateCpuShard(std::shared_ptr<const Model> model,
+                                                      const CollectiveLayout& layout,
+                                                      const WorkerShardOptions& o) {
+  CpuRunnerOptions ro;
+  ro.num_threads = o.num_threads;
+  ro.num_kv_blocks = o.num_kv_blocks;
+  ro.kv_block_size = o.kv_block_size;
+  SI_ASSIGN_OR_RETURN(auto runner, CpuShardRunner::Create(std::move(model), layout, ro));
+  return std::unique_ptr<WorkerShard>(new CpuWorkerShard(std::move(runner)));
+}
+
+struct Registry {
+  std::mutex mu;
+  std::map<std::string, WorkerShardFactory> factories{{"cpu", CreateCpuShard}};
+};
+Registry& TheRegistry() {
+  static Registry r;
+  return r;
+}
+
+}  // namespace
+
+void RegisterWorkerShardBackend(const std::string& name, WorkerShardFactory factory) {
+  Registry& r = TheRegistry();
+  std::lock_guard lock(r.mu);
+  r.factories[name] = std::move(factory);
+}
+
+StatusOr<std::unique_ptr<WorkerShard>> CreateWorkerShard(const std::string& name,
+                                                         std::shared_ptr<const Model> model,
+                                                         const CollectiveLayout& layout,
+                                                         const WorkerShardOptions& options) {
+  WorkerShardFactory factory;
+  {
+    Registry& r = TheRegistry();
+    std::lock_guard lock(r.mu);
+    auto it = r.factories.find(name);
+    if (it == r.factories.end()) {
+      std::string known;
+      for (const auto& [n, f] : r.factories) known += (known.empty() ? "" : ", ") + n;
+      return NotFoundError("LLM workers have no backend '" + name + "' in this program (" + known +
+                           ")");
+    }
+    factory = it->second;
+  }
+  return factory(std::move(model), layout, options);
+}
+
+}  // namespace specinfer
