@@ -9,6 +9,10 @@
 #                                    then decode tokens/s
 #   scripts/gpu_check.sh torch       the same beside PyTorch SDPA and HF transformers (needs torch,
 #                                    transformers)
+#   scripts/gpu_check.sh cluster     configs/single-gpu.yaml (an LLM worker process on GPU 0) serving
+#                                    $MODEL (default: the default model if fetched, else
+#                                    stories260K): greedy completions with and without speculation
+#                                    must be equal
 # Exits non-zero when there is no GPU (nvidia-smi finds none) or a step fails.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -30,15 +34,16 @@ run_step() {
       "$BUILD_DIR/bench_cuda_step" --decode 128
       ;;
     torch) python3 "$ROOT/scripts/bench_cuda_vs_torch.py" --build "$BUILD_DIR" ;;
+    cluster) python3 "$ROOT/scripts/gpu_cluster_check.py" --specinfer "$BUILD_DIR/specinfer" ;;
     *)
-      echo "error: unknown step '$1' (build, tests, attention, step, torch or all)" >&2
+      echo "error: unknown step '$1' (build, tests, attention, step, torch, cluster or all)" >&2
       exit 2
       ;;
   esac
 }
 
 if [[ "$step" == all ]]; then
-  for s in build tests attention step torch; do
+  for s in build tests attention step torch cluster; do
     echo "== $s"
     run_step "$s"
   done
