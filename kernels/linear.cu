@@ -574,6 +574,11 @@ __global__ void __launch_bounds__(kMmaThreads, kM == 1 ? 2 : 1)
         PrefetchL2(wr[m][1] + k * 32 + q * 8);
       }
     }
+  }
+  // Launched as a dependent of the previous kernel (decode, sm_90): the weights above may be
+  // fetched while it runs; the activations and the output only after it is done.
+  GridDependencyWait();
+  if constexpr (kOwnScale) {
     // `per` warps share a token (all 8 for decode).
     __shared__ float warp_max[kMmaWarps];
     const int nt = min(8, n - t0);
@@ -726,8 +731,14 @@ cudaError_t LaunchMmaShape(const void* w, int64_t rows, int64_t cols, const floa
   if (gx > 0x7fffffff || gy > 65535) return cudaErrorInvalidValue;
   const uint16_t* split =
       kT > 1 ? reinterpret_cast<const uint16_t*>(scratch + PartsOffset(n)) : nullptr;
-  SPECINFER_LAUNCH(dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), dim3(kMmaThreads),
-                   0, stream, LinearMmaKernel<W, kM, kT>)
+  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
+  if constexpr (kT == 1) {
+    // Decode and small trees: a dependent launch hides the launch gap behind the previous kernel.
+    return LaunchDependent(grid, dim3(kMmaThreads), 0, stream, LinearMmaKernel<W, kM, kT>,
+                           static_cast<const uint16_t*>(w), rows, cols, x, n,
+                           static_cast<const float*>(scratch), split, y, beta);
+  }
+  SPECINFER_LAUNCH(grid, dim3(kMmaThreads), 0, stream, LinearMmaKernel<W, kM, kT>)
   (static_cast<const uint16_t*>(w), rows, cols, x, n, scratch, split, y, beta);
   return cudaGetLastError();
 }
