@@ -98,10 +98,39 @@ TEST(ClusterConfig, ShippedExamples) {
     EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << name;
     EXPECT_NE(s.message().find("llm.backend: cuda"), std::string::npos) << s.message();
   }
+  auto gpus = LoadClusterConfig(testing::SourcePath("configs/multi-gpu-node.yaml"));
+  ASSERT_EQ(gpus->ssm.size(), 1u);
+  EXPECT_EQ(gpus->ssm[0].backend, "cuda");
+  ASSERT_EQ(gpus->ssm[0].replicas.size(), 2u);
+  EXPECT_EQ(SsmReplicaGpu(*gpus, 0, 0), 0);
+  EXPECT_EQ(SsmReplicaGpu(*gpus, 0, 1), 1);
   auto two = LoadClusterConfig(testing::SourcePath("configs/two-node.yaml"));
   EXPECT_EQ(two->llm.workers[2].address, "10.0.0.2");
   EXPECT_EQ(two->llm.workers[2].gpu, -1);  // by place on its host
   EXPECT_EQ(two->manager.bind, "0.0.0.0");
+}
+
+// configs/single-gpu.yaml's comment shows how to add a GPU draft: uncommented, it parses.
+TEST(ClusterConfig, SingleGpuCommentExampleParses) {
+  std::ifstream file(testing::SourcePath("configs/single-gpu.yaml"));
+  std::stringstream ss;
+  ss << file.rdbuf();
+  const std::string text = ss.str();
+  ASSERT_FALSE(text.empty());
+  std::istringstream in(text);
+  std::string line, example;
+  bool in_example = false;
+  while (std::getline(in, line)) {
+    if (line == "#   ssm:") in_example = true;
+    if (in_example && line.rfind("#   ", 0) != 0) break;
+    if (in_example) example += line.substr(4) + "\n";
+  }
+  ASSERT_FALSE(example.empty()) << "the comment has no ssm example";
+  auto c = ParseClusterConfig(text + example, "single-gpu.yaml + its comment");
+  ASSERT_TRUE(c.ok()) << c.status().ToString() << "\n" << example;
+  ASSERT_EQ(c->ssm.size(), 1u);
+  EXPECT_EQ(c->ssm[0].backend, "cuda");
+  EXPECT_EQ(SsmReplicaGpu(*c, 0, 0), 0);
 }
 
 // Applies `edit` (a YAML fragment replacing or adding top-level keys) to a valid config.
