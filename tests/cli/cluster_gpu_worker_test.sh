@@ -46,7 +46,9 @@ worker() {
     echo "ssm[$index] started (this machine has GPU $device): skipping"
     exit 77
   fi
-  if [ "$rc" -eq 0 ] || [ "$rc" -ge 128 ]; then fail "ssm[$index]: rc=$rc"; cat "$TMP/err"; return; fi
+  if [ "$rc" -eq 0 ] || [ "$rc" -ge 128 ]; then
+    fail "ssm[$index]: rc=$rc"; cat "$TMP/err"; return
+  fi
   if ! grep -qE "no CUDA device $device \(found [0-9]+\)" "$TMP/err"; then
     fail "ssm[$index]: expected device $device:"; cat "$TMP/err"; return
   fi

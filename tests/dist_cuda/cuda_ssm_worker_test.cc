@@ -143,8 +143,7 @@ TEST_P(CudaSsmWorker, TreesEqualAnInProcessGpuDraftAndTheCpuWorkers) {
     sampling.temperature = temperature;
     sampling.top_k = temperature > 0 ? 30 : 0;
     for (int step = 0; step < 3; ++step) {
-      SCOPED_TRACE("temperature " + std::to_string(temperature) + ", step " +
-                   std::to_string(step));
+      SCOPED_TRACE("temperature " + std::to_string(temperature) + ", step " + std::to_string(step));
       // Each worker draws from Rng(seed), the seed drawn from the request's stream.
       Rng gpu_rng(100 + step), cpu_rng(100 + step), seed_rng(100 + step);
       DraftContext gctx{tokens, &shape, 3, &sampling, &gpu_rng, 2};
@@ -204,10 +203,11 @@ TEST_P(CudaSsmWorker, GreedySpeculativeOutputEqualsIncremental) {
   o.spec_budget = SpecBudgetMode::kStatic;  // every step verifies the whole tree
   const std::string address = Address(**worker);
   RemoteSpeculator* remote = nullptr;
-  o.speculator_factory = [&](std::shared_ptr<const Model> model, const Tokenizer& tok)
-      -> StatusOr<std::vector<std::unique_ptr<Speculator>>> {
-    SI_ASSIGN_OR_RETURN(auto s, RemoteSpeculator::Connect(ClientOptions(
-                                    spec, *model, VocabFingerprint(tok), {address})));
+  o.speculator_factory =
+      [&](std::shared_ptr<const Model> model,
+          const Tokenizer& tok) -> StatusOr<std::vector<std::unique_ptr<Speculator>>> {
+    SI_ASSIGN_OR_RETURN(auto s, RemoteSpeculator::Connect(
+                                    ClientOptions(spec, *model, VocabFingerprint(tok), {address})));
     remote = s.get();
     std::vector<std::unique_ptr<Speculator>> out;
     out.push_back(std::move(s));
