@@ -5,8 +5,8 @@
 namespace specinfer::cuda {
 
 // Registers the "cuda" backend: a CudaModelRunner on GPU RunnerOptions::device (0 unless asked)
-// with the KV capacity asked for (RunnerOptions' threads and pool do not concern it). Programs built with the CUDA library
-// call it at start; calling it again is harmless.
+// with the KV capacity asked for (RunnerOptions' threads and pool do not concern it). Programs
+// built with the CUDA library call it at start; calling it again is harmless.
 void RegisterCudaBackend();
 
 }  // namespace specinfer::cuda
