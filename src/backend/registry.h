@@ -2,7 +2,8 @@
 // ModelRunner (backend/backend.h) for a model, with KV storage for the capacity asked for:
 //   "cpu"   the CPU backend (backend/cpu), registered by the core library itself;
 //   "cuda"  the CUDA backend (backend/cuda), registered by the CUDA library
-//           (cuda::RegisterCudaBackend, which programs built with it call at start).
+//           (cuda::RegisterCudaBackend, which programs built with it call at start), on the
+//           device RunnerOptions::device names.
 // A backend that is not global (the cluster manager's group of remote LLM workers,
 // dist/llm_client.h, whose factory holds the workers' addresses) is a Backend value passed
 // where a runner is created (EngineOptions::custom_backend) instead of a registered name.
@@ -42,6 +43,8 @@ struct RunnerOptions {
   // The model's tokenizer, for backends that check that their peers serve the same vocabulary
   // (remote workers); may be null for the others. Not kept after the factory returns.
   const Tokenizer* tokenizer = nullptr;
+  // GPU backends: which device (the others ignore it).
+  int32_t device = 0;
 };
 
 using RunnerFactory = std::function<StatusOr<std::unique_ptr<ModelRunner>>(

@@ -98,12 +98,12 @@ class Reader {
 Status ReadEndpoint(const YAML::Node& node, const std::string& path, const std::string& source,
                     const ClusterConfig& c, bool with_threads, ClusterEndpoint* e) {
   Reader r(node, path, source);
-  if (with_threads) {
-    SI_RETURN_IF_ERROR(r.Keys({"host", "port", "threads"}));
+  if (with_threads) {  // an SSM replica
+    SI_RETURN_IF_ERROR(r.Keys({"host", "port", "threads", "gpu"}));
   } else {  // an LLM worker
     SI_RETURN_IF_ERROR(r.Keys({"host", "port", "gpu"}));
-    SI_RETURN_IF_ERROR(r.Int32("gpu", 0, 1023, &e->gpu));
   }
+  SI_RETURN_IF_ERROR(r.Int32("gpu", 0, 1023, &e->gpu));
   e->host = "local";
   SI_RETURN_IF_ERROR(r.Str("host", &e->host));
   auto it = c.hosts.find(e->host);
@@ -292,6 +292,10 @@ StatusOr<ClusterConfig> Parse(const YAML::Node& root, const std::string& source)
         return r.Error("spec", "'" + grp.spec + "' appears twice (replicas go in one entry)");
       SI_RETURN_IF_ERROR(model_ref(r, "model", &grp.model));
       SI_RETURN_IF_ERROR(backend_ref(r, &grp.backend));
+      if (grp.backend != "cpu" && ParseDraftSpec(grp.spec)->kind == DraftSpec::Kind::kNgram)
+        return r.Error("backend", grp.backend + ": " + grp.spec +
+                                      " runs no model (model: and layers: drafts run on a "
+                                      "GPU); use backend: cpu");
       SI_RETURN_IF_ERROR(r.Int32("max_sessions", 1, 4096, &grp.max_sessions));
       SI_RETURN_IF_ERROR(r.Int32("idle_timeout_s", 1, 86400, &grp.idle_timeout_s));
       if (!r.Has("replicas")) return r.Error("replicas", "required (at least one)");
@@ -302,6 +306,10 @@ StatusOr<ClusterConfig> Parse(const YAML::Node& root, const std::string& source)
         ClusterEndpoint e;
         SI_RETURN_IF_ERROR(ReadEndpoint(reps[i], path + ".replicas[" + std::to_string(i) + "]",
                                         source, c, /*with_threads=*/true, &e));
+        if (e.gpu >= 0 && grp.backend != "cuda")
+          return r.Error("replicas[" + std::to_string(i) + "].gpu",
+                         "given, but " + path + ".backend is " + grp.backend +
+                             " (a gpu is for backend: cuda)");
         grp.replicas.push_back(e);
       }
       if (grp.max_sessions == 0) grp.max_sessions = c.limits.max_batch;
@@ -332,6 +340,26 @@ StatusOr<ClusterConfig> Parse(const YAML::Node& root, const std::string& source)
 }
 
 }  // namespace
+
+int32_t LlmWorkerGpu(const ClusterConfig& c, size_t worker) {
+  const ClusterEndpoint& e = c.llm.workers.at(worker);
+  if (e.gpu >= 0) return e.gpu;
+  int32_t place = 0;
+  for (size_t i = 0; i < worker; ++i) place += c.llm.workers[i].host == e.host;
+  return place;
+}
+
+int32_t SsmReplicaGpu(const ClusterConfig& c, size_t group, size_t replica) {
+  const ClusterEndpoint& e = c.ssm.at(group).replicas.at(replica);
+  if (e.gpu >= 0) return e.gpu;
+  int32_t place = 0;
+  for (size_t g = 0; g <= group; ++g) {
+    if (c.ssm[g].backend != "cuda") continue;
+    const size_t end = g == group ? replica : c.ssm[g].replicas.size();
+    for (size_t i = 0; i < end; ++i) place += c.ssm[g].replicas[i].host == e.host;
+  }
+  return place;
+}
 
 bool ClusterConfig::all_ports_fixed() const {
   for (const auto& g : ssm)

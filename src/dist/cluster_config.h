@@ -8,7 +8,11 @@
 //             rpc_timeout_ms, probe_interval_ms,
 //             drain_timeout_s}
 //   ssm:     - {spec, model, backend: cpu | cuda, max_sessions, idle_timeout_s,
-//               replicas: [{host, port, threads}, ...]}       one entry per logical speculator
+//               replicas: [{host, port, threads, gpu}, ...]}  one entry per logical speculator;
+//             backend: where each replica runs a model: or layers: draft (ngram runs no model:
+//             cpu only); gpu (backend cuda only): the replica's device (default: its place
+//             among the replicas of cuda ssm entries on its host, in config order, 0, 1, ...;
+//             SSM replicas and LLM workers are counted apart, so by default they share GPUs)
 //   llm:     {model, placement: in-process | workers, backend: cpu | cuda, tp, pp, threads,
 //             dequantize, workers: [{host, port, gpu}, ...]}  tp * pp workers, stage-major;
 //             gpu: the device of a cuda worker (default: its place among the workers on its
@@ -17,8 +21,9 @@
 //
 // Unknown keys are refused (a typo must not silently fall back to a default), as are ports
 // outside [0, 65535] (0: any free port, one-machine deployments only), degrees below 1, a worker
-// list that does not hold tp * pp entries, unknown hosts and models. Relative model paths are
-// relative to the working directory, as on the command line. Errors name the key path, e.g.
+// list that does not hold tp * pp entries, unknown hosts and models, an ssm replica's gpu without
+// backend: cuda, and an ngram entry on a GPU. Relative model paths are relative to the working
+// directory, as on the command line. Errors name the key path, e.g.
 // "configs/x.yaml: ssm[0].replicas[1].port: 70000 is outside [0, 65535]".
 //
 // Thread safety: plain values and pure functions.
@@ -44,7 +49,7 @@ struct ClusterEndpoint {
   std::string address;  // what it resolves to
   int32_t port = 0;
   int32_t threads = 1;  // CPU threads of the process serving it (0: all cores)
-  int32_t gpu = -1;     // LLM workers with backend cuda: the device (-1: by place on the host)
+  int32_t gpu = -1;     // workers with backend cuda: the device (-1: by place on the host)
   std::string HostPort() const { return address + ":" + std::to_string(port); }
 };
 
@@ -73,7 +78,7 @@ struct ClusterManager {
 struct ClusterSsmGroup {
   std::string spec;   // spec/speculator.h: ngram[:N], layers:K, model:PATH
   std::string model;  // a name from `models`: the model the workers load (vocabulary, layers)
-  std::string backend = "cpu";  // cpu | cuda: where the workers run a model or layers draft
+  std::string backend = "cpu";  // cpu | cuda: where the replicas run a model or layers draft
   int32_t max_sessions = 0;  // per replica; 0: limits.max_batch
   int32_t idle_timeout_s = 300;
   std::vector<ClusterEndpoint> replicas;
@@ -112,12 +117,18 @@ StatusOr<ClusterConfig> ParseClusterConfig(const std::string& yaml_text,
 // Reads and parses a file. NotFound if it cannot be read.
 StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path);
 
+// The GPU of a worker with backend cuda: its `gpu`, else its place on its host (see the file
+// comment). LLM worker `worker` is stage-major; SSM replica `replica` of ssm entry `group`.
+int32_t LlmWorkerGpu(const ClusterConfig& config, size_t worker);
+int32_t SsmReplicaGpu(const ClusterConfig& config, size_t group, size_t replica);
+
 // Whether this build has the LLM worker role (tensor- and pipeline-parallel LLM workers).
 inline constexpr bool kClusterHasLlmWorkers = true;
 
 // Whether this program can run the configuration: every backend named must be registered
-// (backend/registry.h: `cuda` only in programs built with the CUDA backend), LLM workers
-// (`placement: workers`) run on the CPU only so far and need the LLM worker role in this build.
+// (backend/registry.h: `cuda` only in programs built with the CUDA backend: llm.backend and
+// every ssm[i].backend), and LLM workers (`placement: workers`) need the LLM worker role in this
+// build.
 // FailedPrecondition, naming the key, otherwise.
 Status CheckClusterRunnable(const ClusterConfig& config);
 

@@ -426,6 +426,12 @@ int RunClusterWorker(const ClusterConfig& c, const std::string& config_path,
     o.tokenizer_path = m.tokenizer;
     o.speculator = g.spec;
     o.backend = g.backend;
+    if (g.backend == "cuda") {
+      size_t replica = 0;  // the slot's place within its group
+      for (const WorkerSlot& s : slots)
+        if (s.role == "ssm" && s.group == slot->group && s.index < index) ++replica;
+      o.device = SsmReplicaGpu(config, slot->group, replica);
+    }
     o.listen = slot->endpoint.address + ":" + std::to_string(port);
     o.label = slot->label;
     o.num_threads = slot->endpoint.threads;
@@ -466,12 +472,7 @@ int RunClusterWorker(const ClusterConfig& c, const std::string& config_path,
   o.dequantize = config.llm.dequantize;
   o.backend = config.llm.backend;
   // A GPU worker's device: as configured, else its place among the LLM workers on its host.
-  o.device = slot->endpoint.gpu;
-  if (o.device < 0) {
-    o.device = 0;
-    for (int32_t i = 0; i < index; ++i)
-      o.device += config.llm.workers[static_cast<size_t>(i)].host == slot->endpoint.host;
-  }
+  o.device = LlmWorkerGpu(config, static_cast<size_t>(index));
   auto server = LlmWorkerServer::Start(o);
   if (!server.ok()) {
     std::fprintf(stderr, "error: %s: %s\n", slot->label.c_str(),

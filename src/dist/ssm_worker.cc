@@ -259,6 +259,7 @@ SsmWorkerServer::~SsmWorkerServer() { Shutdown(); }
 StatusOr<std::unique_ptr<SsmWorkerServer>> SsmWorkerServer::Start(const SsmWorkerOptions& o) {
   if (o.max_sessions < 1) return InvalidArgumentError("max_sessions must be >= 1");
   if (o.context_length < 0) return InvalidArgumentError("context length must be >= 0");
+  if (o.device < 0) return InvalidArgumentError("device must be >= 0");
   SI_RETURN_IF_ERROR(ParseDraftSpec(o.speculator).status());
   const size_t colon = o.listen.rfind(':');
   if (colon == std::string::npos || colon == 0)
@@ -275,6 +276,7 @@ StatusOr<std::unique_ptr<SsmWorkerServer>> SsmWorkerServer::Start(const SsmWorke
   so.max_sequences = o.max_sessions;
   so.kv_block_size = o.kv_block_size;
   so.backend = o.backend;
+  so.device = o.device;
   so.num_threads = o.num_threads;
   so.llm_tokenizer = loaded.tokenizer.get();
   SI_ASSIGN_OR_RETURN(std::unique_ptr<Speculator> spec, CreateSpeculator(o.speculator, shared, so));
@@ -288,9 +290,10 @@ StatusOr<std::unique_ptr<SsmWorkerServer>> SsmWorkerServer::Start(const SsmWorke
   impl->server = std::move(started->server);
   impl->port = started->port;
   impl->service->set_address(host + ":" + std::to_string(impl->port));
-  spdlog::info("{}: serving speculator {} on {} ({}, up to {} sessions)",
+  spdlog::info("{}: serving speculator {} on {} ({}, up to {} sessions, drafts on {})",
                impl->service->name(), o.speculator, o.model_path,
-               ModelShapeString(shared->config()), o.max_sessions);
+               ModelShapeString(shared->config()), o.max_sessions,
+               o.backend == "cpu" ? o.backend : o.backend + ":" + std::to_string(o.device));
   return std::unique_ptr<SsmWorkerServer>(new SsmWorkerServer(std::move(impl)));
 }
 

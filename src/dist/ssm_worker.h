@@ -8,6 +8,11 @@
 // fed with the sequence's committed tokens as deltas; a session idle for idle_timeout is
 // reclaimed, and a full worker answers BUSY (the manager decodes that step without it).
 //
+// A model or layers draft runs on the backend `backend` names (backend/registry.h), on GPU
+// `device` for "cuda" (a layers draft there holds its own copy of its layers; the LLM file is
+// still mapped on the host for them); the drafts' passes are batch-invariant on either, so a
+// worker's trees do not depend on what else it drafts at the time. "ngram" runs no model.
+//
 // Every request field is validated (dist/ssm_wire.h); a malformed item fails the whole call with
 // INVALID_ARGUMENT and changes no session. Speculate calls run one at a time (the speculator's
 // sessions share one runner); the items of one call are drafted together
@@ -34,6 +39,7 @@ struct SsmWorkerOptions {
   std::string speculator = "ngram";
   // Where a model or layers speculator runs: a registered backend (backend/registry.h).
   std::string backend = "cpu";
+  int32_t device = 0;             // GPU backends: which device
   std::string listen = "127.0.0.1:0";  // host:port; port 0 picks a free one (see port())
   std::string label = "ssm[0]";
   int32_t num_threads = 1;        // 0: all hardware threads
@@ -47,7 +53,9 @@ struct SsmWorkerOptions {
 class SsmWorkerServer {
  public:
   // Loads the model, creates the speculator and starts serving. InvalidArgument for bad options
-  // or a bad spec; load errors pass through; Unavailable if the address cannot be bound.
+  // or a bad spec; load errors and the backend's pass through (NotFound or FailedPrecondition
+  // for a backend this program lacks, FailedPrecondition for a missing device); Unavailable if
+  // the address cannot be bound.
   static StatusOr<std::unique_ptr<SsmWorkerServer>> Start(const SsmWorkerOptions& options);
   ~SsmWorkerServer();  // Shutdown()
 

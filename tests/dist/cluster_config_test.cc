@@ -98,10 +98,39 @@ TEST(ClusterConfig, ShippedExamples) {
     EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << name;
     EXPECT_NE(s.message().find("llm.backend: cuda"), std::string::npos) << s.message();
   }
+  auto gpus = LoadClusterConfig(testing::SourcePath("configs/multi-gpu-node.yaml"));
+  ASSERT_EQ(gpus->ssm.size(), 1u);
+  EXPECT_EQ(gpus->ssm[0].backend, "cuda");
+  ASSERT_EQ(gpus->ssm[0].replicas.size(), 2u);
+  EXPECT_EQ(SsmReplicaGpu(*gpus, 0, 0), 0);
+  EXPECT_EQ(SsmReplicaGpu(*gpus, 0, 1), 1);
   auto two = LoadClusterConfig(testing::SourcePath("configs/two-node.yaml"));
   EXPECT_EQ(two->llm.workers[2].address, "10.0.0.2");
   EXPECT_EQ(two->llm.workers[2].gpu, -1);  // by place on its host
   EXPECT_EQ(two->manager.bind, "0.0.0.0");
+}
+
+// configs/single-gpu.yaml's comment shows how to add a GPU draft: uncommented, it parses.
+TEST(ClusterConfig, SingleGpuCommentExampleParses) {
+  std::ifstream file(testing::SourcePath("configs/single-gpu.yaml"));
+  std::stringstream ss;
+  ss << file.rdbuf();
+  const std::string text = ss.str();
+  ASSERT_FALSE(text.empty());
+  std::istringstream in(text);
+  std::string line, example;
+  bool in_example = false;
+  while (std::getline(in, line)) {
+    if (line == "#   ssm:") in_example = true;
+    if (in_example && line.rfind("#   ", 0) != 0) break;
+    if (in_example) example += line.substr(4) + "\n";
+  }
+  ASSERT_FALSE(example.empty()) << "the comment has no ssm example";
+  auto c = ParseClusterConfig(text + example, "single-gpu.yaml + its comment");
+  ASSERT_TRUE(c.ok()) << c.status().ToString() << "\n" << example;
+  ASSERT_EQ(c->ssm.size(), 1u);
+  EXPECT_EQ(c->ssm[0].backend, "cuda");
+  EXPECT_EQ(SsmReplicaGpu(*c, 0, 0), 0);
 }
 
 // Applies `edit` (a YAML fragment replacing or adding top-level keys) to a valid config.
@@ -139,8 +168,20 @@ TEST(ClusterConfig, BadConfigsAreRefusedNamingTheKey) {
        "llm.workers[0].thread: unknown key"},
       {Minimal("", "llm: {placement: workers, workers: [{port: 5, gpu: -1}]}"),
        "llm.workers[0].gpu"},
-      {Minimal("ssm: [{spec: ngram, replicas: [{port: 1, gpu: 0}]}]"),
-       "ssm[0].replicas[0].gpu: unknown key"},
+      {Minimal("ssm: [{spec: 'layers:1', replicas: [{port: 1, gpu: 0}]}]"),
+       "ssm[0].replicas[0].gpu: given, but ssm[0].backend is cpu"},
+      {Minimal("ssm: [{spec: 'layers:1', backend: cpu, replicas: [{port: 1}, {port: 2, gpu: 1}]}]"),
+       "ssm[0].replicas[1].gpu: given, but ssm[0].backend is cpu"},
+      {Minimal("ssm: [{spec: 'layers:1', backend: cuda, replicas: [{port: 1, gpu: -1}]}]"),
+       "ssm[0].replicas[0].gpu: -1 is outside [0, 1023]"},
+      {Minimal("ssm: [{spec: 'layers:1', backend: cuda, replicas: [{port: 1, gpu: one}]}]"),
+       "ssm[0].replicas[0].gpu: 'one' is not an integer"},
+      {Minimal("ssm: [{spec: 'layers:1', backend: cuda, replicas: [{port: 1, gpus: 1}]}]"),
+       "ssm[0].replicas[0].gpus: unknown key"},
+      {Minimal("ssm: [{spec: 'layers:1', backend: CUDA, replicas: [{port: 1}]}]"),
+       "ssm[0].backend: 'CUDA' (expected cpu or cuda)"},
+      {Minimal("ssm: [{spec: 'ngram:3', backend: cuda, replicas: [{port: 1}]}]"),
+       "ssm[0].backend: cuda: ngram:3 runs no model"},
       {Minimal("ssm: [{spec: 'foo:1', replicas: [{port: 1}]}]"), "ssm[0].spec"},
       {Minimal("ssm: [{spec: ngram, replicas: []}]"), "ssm[0].replicas"},
       {Minimal("ssm: [{spec: ngram, replicas: [{port: 5, host: mars}]}]"),
@@ -179,6 +220,63 @@ TEST(ClusterConfig, UnregisteredBackendsAreRefused) {
     EXPECT_NE(s.message().find("backend: cuda: this build has no CUDA backend"), std::string::npos)
         << s.message();
   }
+}
+
+// SSM entries on GPUs: backend and gpu per replica; a replica without gpu takes its place among
+// the replicas of cuda entries on its host (config order; CPU entries and LLM workers do not
+// count), as LLM workers do among themselves.
+TEST(ClusterConfig, SsmReplicasOnGpus) {
+  const char* yaml = R"(
+hosts: {a: 10.0.0.1, b: 10.0.0.2}
+models: {llm: /m/llm.gguf}
+ssm:
+  - spec: 'layers:2'
+    backend: cuda
+    replicas: [{host: a, port: 5101}, {host: b, port: 5101}, {host: a, port: 5102, gpu: 5},
+               {host: a, port: 5103}]
+  - spec: ngram
+    replicas: [{host: a, port: 5104}]
+  - spec: 'model:/m/draft.gguf'
+    backend: cuda
+    max_sessions: 2
+    replicas: [{host: a, port: 5105, threads: 2}, {host: b, port: 5105}]
+llm:
+  placement: workers
+  backend: cuda
+  tp: 2
+  workers: [{host: a, port: 5201}, {host: a, port: 5202}]
+)";
+  auto c = ParseClusterConfig(yaml, "x.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(c->ssm.size(), 3u);
+  EXPECT_EQ(c->ssm[0].backend, "cuda");
+  EXPECT_EQ(c->ssm[1].backend, "cpu") << "the default";
+  EXPECT_EQ(c->ssm[2].backend, "cuda");
+  EXPECT_EQ(c->ssm[0].replicas[0].gpu, -1);
+  EXPECT_EQ(c->ssm[0].replicas[2].gpu, 5);
+  EXPECT_EQ(c->ssm[2].replicas[0].threads, 2);
+  // Host a: ssm[0] replicas 0, 2 (gpu 5 given, still counted), 3, then ssm[2] replica 0.
+  EXPECT_EQ(SsmReplicaGpu(*c, 0, 0), 0);
+  EXPECT_EQ(SsmReplicaGpu(*c, 0, 1), 0) << "first on host b";
+  EXPECT_EQ(SsmReplicaGpu(*c, 0, 2), 5) << "as configured";
+  EXPECT_EQ(SsmReplicaGpu(*c, 0, 3), 2);
+  EXPECT_EQ(SsmReplicaGpu(*c, 2, 0), 3) << "after ssm[0]'s three on host a; ngram not counted";
+  EXPECT_EQ(SsmReplicaGpu(*c, 2, 1), 1) << "after ssm[0]'s one on host b";
+  EXPECT_EQ(LlmWorkerGpu(*c, 0), 0) << "LLM workers count apart from SSM replicas";
+  EXPECT_EQ(LlmWorkerGpu(*c, 1), 1);
+  EXPECT_TRUE(c->all_ports_fixed());
+
+  // This program has no CUDA backend: the first ssm entry on a GPU is named.
+  auto ssm_only = ParseClusterConfig(
+      Minimal("ssm: [{spec: ngram, replicas: [{port: 1}]}, {spec: 'layers:1', backend: cuda, "
+              "replicas: [{port: 2, gpu: 1}]}]"),
+      "x.yaml");
+  ASSERT_TRUE(ssm_only.ok()) << ssm_only.status().ToString();
+  const Status s = CheckClusterRunnable(*ssm_only);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("x.yaml: ssm[1].backend: cuda: this build has no CUDA backend"),
+            std::string::npos)
+      << s.message();
 }
 
 TEST(ClusterConfig, PortZeroIsOnlyForOneMachine) {

@@ -11,6 +11,7 @@ void RegisterCudaBackend() {
   b.create = [](std::shared_ptr<const Model> model,
                 const RunnerOptions& o) -> StatusOr<std::unique_ptr<ModelRunner>> {
     CudaRunnerOptions co;
+    co.device = o.device;
     co.num_kv_blocks = o.num_kv_blocks;
     co.kv_block_size = o.kv_block_size;
     SI_ASSIGN_OR_RETURN(auto r, CudaModelRunner::Create(std::move(model), co));

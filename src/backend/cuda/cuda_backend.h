@@ -4,9 +4,9 @@
 
 namespace specinfer::cuda {
 
-// Registers the "cuda" backend: a CudaModelRunner on GPU 0 with the KV capacity asked for
-// (RunnerOptions' threads and pool do not concern it). Programs built with the CUDA library
-// call it at start; calling it again is harmless.
+// Registers the "cuda" backend: a CudaModelRunner on GPU RunnerOptions::device (0 unless asked)
+// with the KV capacity asked for (RunnerOptions' threads and pool do not concern it). Programs
+// built with the CUDA library call it at start; calling it again is harmless.
 void RegisterCudaBackend();
 
 }  // namespace specinfer::cuda
