@@ -13,6 +13,7 @@
 #include "dist/collective.h"
 #include "dist/model_identity.h"
 #include "proto/llm_worker.grpc.pb.h"
+#include "server/grpc_listen.h"
 
 namespace specinfer {
 
@@ -129,13 +130,7 @@ StatusOr<std::unique_ptr<RemoteLlmRunner>> RemoteLlmRunner::Connect(
                                 std::to_string(o.num_stages));
   SI_RETURN_IF_ERROR(CheckShardable(model->config(), {0, o.num_stages, 0, o.tp_size}));
   std::unique_ptr<RemoteLlmRunner> r(new RemoteLlmRunner(o, std::move(model), fingerprint));
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(-1);
-  args.SetMaxSendMessageSize(-1);
-  // Reconnect soon after a worker comes back (gRPC's default backoff grows to minutes).
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  const grpc::ChannelArguments args = WorkerChannelArguments();
   for (size_t i = 0; i < o.workers.size(); ++i) {
     auto w = std::make_unique<Worker>();
     w->address = o.workers[i];

@@ -13,6 +13,7 @@
 
 #include "dist/ssm_wire.h"
 #include "proto/ssm_worker.grpc.pb.h"
+#include "server/grpc_listen.h"
 #include "spec/spec_grammar.h"
 
 namespace specinfer {
@@ -434,12 +435,7 @@ StatusOr<std::unique_ptr<RemoteSpeculator>> RemoteSpeculator::Connect(
     auto rep = std::make_unique<Impl::Replica>();
     rep->address = o.replicas[r];
     rep->label = r < o.labels.size() ? o.labels[r] : "ssm[" + std::to_string(r) + "]";
-    grpc::ChannelArguments args;
-    // Reconnect quickly to a replica that comes back.
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    args.SetMaxReceiveMessageSize(64 << 20);
+    const grpc::ChannelArguments args = WorkerChannelArguments();
     rep->channel =
         grpc::CreateCustomChannel(rep->address, grpc::InsecureChannelCredentials(), args);
     rep->stub = worker::SsmWorker::NewStub(rep->channel);

@@ -21,4 +21,14 @@ StatusOr<BoundGrpcServer> BindGrpcServer(std::span<grpc::Service* const> service
   return started;
 }
 
+grpc::ChannelArguments WorkerChannelArguments() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);  // the connection attempt's timeout
+  return args;
+}
+
 }  // namespace specinfer

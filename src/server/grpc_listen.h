@@ -1,5 +1,6 @@
 // Binding and starting a gRPC server: the one place that sets the options every specinfer gRPC
-// server shares (the public API in grpc_server.cc, the LLM and SSM workers in src/dist).
+// server shares (the public API in grpc_server.cc, the LLM and SSM workers in src/dist), and the
+// channel options of the clients that reach the workers.
 //
 // grpc++ headers are needed by callers anyway (they own the services); this header adds no
 // generated code.
@@ -35,5 +36,13 @@ struct BoundGrpcServer {
 // Unavailable "cannot bind ADDRESS" when the address cannot be bound.
 StatusOr<BoundGrpcServer> BindGrpcServer(std::span<grpc::Service* const> services,
                                             const GrpcListenOptions& options);
+
+// Channel options for a client of LLM or SSM workers: messages unlimited in size (a MoveKv or a
+// batch's logits can be large), and a worker that comes back is reconnected within a second (gRPC's
+// default backoff grows to minutes). Each connection attempt may take up to 5 s: gRPC derives that
+// timeout from GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, so setting that to 100 ms (as both clients
+// once did) failed the first registration on a loaded machine ("connection attempt timed out
+// before receiving SETTINGS frame").
+grpc::ChannelArguments WorkerChannelArguments();
 
 }  // namespace specinfer
