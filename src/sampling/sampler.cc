@@ -1,8 +1,13 @@
 #include "sampling/sampler.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
+
+#include "backend/cpu/simd.h"
 
 namespace specinfer {
 
@@ -16,11 +21,53 @@ Status SamplingParams::Validate() const {
   return Status::Ok();
 }
 
-int32_t Argmax(std::span<const float> logits) {
+int32_t ArgmaxPortable(std::span<const float> logits) {
   int32_t best = 0;
   for (size_t i = 1; i < logits.size(); ++i)
     if (logits[i] > logits[best]) best = static_cast<int32_t>(i);
   return best;
+}
+
+// Two passes over the row (a vocabulary of 49k floats stays in L2): the maximum, then the first
+// index holding it. A NaN anywhere hands the row to the scalar loop, whose answer with NaNs
+// (they never win, unless at index 0) is the one kept. -0 and +0 compare equal in both, so the
+// first of them wins in both.
+__attribute__((target("avx2"))) int32_t ArgmaxAvx2(std::span<const float> logits) {
+  const float* x = logits.data();
+  const size_t n = logits.size();
+  if (n < 16) return ArgmaxPortable(logits);
+  const size_t vec_end = n / 8 * 8;
+  __m256 vmax = _mm256_loadu_ps(x);
+  __m256 unordered = _mm256_cmp_ps(vmax, vmax, _CMP_UNORD_Q);
+  for (size_t i = 8; i < vec_end; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    vmax = _mm256_max_ps(vmax, v);
+    unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  }
+  if (_mm256_movemask_ps(unordered) != 0) return ArgmaxPortable(logits);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  float m = lanes[0];
+  for (float v : lanes) m = std::max(m, v);
+  for (size_t i = vec_end; i < n; ++i) {
+    if (std::isnan(x[i])) return ArgmaxPortable(logits);
+    m = std::max(m, x[i]);
+  }
+  const __m256 target = _mm256_set1_ps(m);
+  for (size_t i = 0; i < vec_end; i += 8) {
+    const int hits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), target, _CMP_EQ_OQ));
+    if (hits != 0) return static_cast<int32_t>(i) + std::countr_zero(static_cast<unsigned>(hits));
+  }
+  for (size_t i = vec_end; i < n; ++i)
+    if (x[i] == m) return static_cast<int32_t>(i);
+  return ArgmaxPortable(logits);  // not reached: m is one of the values
+}
+
+int32_t Argmax(std::span<const float> logits) {
+  // Greedy verification takes one argmax per tree node and sequence, on the engine's thread
+  // between passes: the scalar loop was 4% of a 64-sequence serving run (perf).
+  if (cpu::GetCpuFeatures().use_avx2_kernels) return ArgmaxAvx2(logits);
+  return ArgmaxPortable(logits);
 }
 
 void ComputeProbs(std::span<const float> logits, const SamplingParams& params,

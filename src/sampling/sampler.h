@@ -39,8 +39,13 @@ class Rng {
   std::mt19937_64 gen_;
 };
 
-// Index of the largest logit (the lowest index among equals).
+// Index of the largest logit (the lowest index among equals; NaNs never win, unless at index 0).
+// Vectorised where the CPU allows (backend/cpu/simd.h).
 int32_t Argmax(std::span<const float> logits);
+// The kernels behind it, for tests: the portable loop, and the AVX2 one (callable only where
+// cpu::GetCpuFeatures().use_avx2_kernels).
+int32_t ArgmaxPortable(std::span<const float> logits);
+int32_t ArgmaxAvx2(std::span<const float> logits);
 
 // Fills `probs` (resized to logits.size()) with the distribution sampled from under `params`
 // (see the file comment). For greedy params it is one-hot on the argmax.

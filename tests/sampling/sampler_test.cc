@@ -3,7 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <numeric>
+#include <random>
+
+#include "backend/cpu/simd.h"
 
 namespace specinfer {
 namespace {
@@ -100,6 +104,67 @@ TEST(Sampler, ValidateRejectsOutOfRange) {
   p.top_k = -3;
   EXPECT_FALSE(p.Validate().ok());
   EXPECT_TRUE(SamplingParams{}.Validate().ok());
+}
+
+// Argmax's contract, written out: the first index whose value no other beats; NaNs never win
+// unless at index 0 (nothing compares greater than it).
+int32_t ReferenceArgmax(const std::vector<float>& x) {
+  int32_t best = 0;
+  for (size_t i = 1; i < x.size(); ++i)
+    if (x[i] > x[static_cast<size_t>(best)]) best = static_cast<int32_t>(i);
+  return best;
+}
+
+// Rows a greedy verifier meets and the ones that trip vector code: ties (the first must win),
+// the maximum in the scalar tail or the first lane, -0 against +0, infinities, NaNs.
+std::vector<std::vector<float>> ArgmaxCases() {
+  std::vector<std::vector<float>> rows;
+  std::mt19937 gen(7);
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  for (size_t n : {1, 2, 7, 8, 15, 16, 17, 31, 64, 100, 1000, 49152, 49155}) {
+    std::vector<float> x(n);
+    for (float& v : x) v = normal(gen);
+    rows.push_back(x);
+    auto tie = x;  // the maximum twice: the lower index must win
+    const size_t top = static_cast<size_t>(ReferenceArgmax(tie));
+    tie[n - 1] = tie[top];
+    rows.push_back(tie);
+    auto tail = x;  // the maximum in the last (scalar) positions
+    tail[n - 1] = 100.0f;
+    rows.push_back(tail);
+    auto flat = std::vector<float>(n, -1.5f);  // all equal: index 0
+    rows.push_back(flat);
+    auto zeros = std::vector<float>(n, -3.0f);  // -0 then +0: equal, the first wins
+    zeros[n / 2] = -0.0f;
+    zeros[n - 1] = 0.0f;
+    rows.push_back(zeros);
+    auto inf = x;
+    inf[n / 3] = std::numeric_limits<float>::infinity();
+    rows.push_back(inf);
+    auto ninf = std::vector<float>(n, -std::numeric_limits<float>::infinity());
+    rows.push_back(ninf);
+    auto nan = x;  // a NaN in the middle is skipped
+    nan[n / 2] = std::numeric_limits<float>::quiet_NaN();
+    rows.push_back(nan);
+    auto nan0 = x;  // a NaN at index 0 wins
+    nan0[0] = std::numeric_limits<float>::quiet_NaN();
+    rows.push_back(nan0);
+  }
+  return rows;
+}
+
+TEST(Sampler, ArgmaxKernelsAgreeWithTheContract) {
+  const bool avx2 = cpu::GetCpuFeatures().use_avx2_kernels;
+  int checked = 0;
+  for (const auto& x : ArgmaxCases()) {
+    const int32_t want = ReferenceArgmax(x);
+    EXPECT_EQ(ArgmaxPortable(x), want) << "n " << x.size();
+    EXPECT_EQ(Argmax(x), want) << "n " << x.size();
+    if (avx2) EXPECT_EQ(ArgmaxAvx2(x), want) << "n " << x.size();
+    ++checked;
+  }
+  EXPECT_GT(checked, 100);
+  if (!avx2) GTEST_SKIP() << "no AVX2 here (or SPECINFER_NO_AVX2): the AVX2 kernel was not run";
 }
 
 }  // namespace
