@@ -1,6 +1,7 @@
 #include "backend/cpu/shard_runner.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <new>
 #include <thread>
@@ -135,10 +136,12 @@ StatusOr<std::unique_ptr<CpuShardRunner>> CpuShardRunner::Create(
   r->kv_slots_ = static_cast<int64_t>(num_kv_blocks) * kv_block_size;
   r->kv_dim_ = static_cast<int32_t>(kv_cols.count);
   const size_t per_cache = static_cast<size_t>(r->layers_.count) * r->kv_slots_ * r->kv_dim_;
-  try {
-    r->k_cache_.assign(per_cache, 0.0f);
-    r->v_cache_.assign(per_cache, 0.0f);
-  } catch (const std::bad_alloc&) {
+  auto zeroed = [&] {
+    return static_cast<float*>(std::calloc(std::max<size_t>(per_cache, 1), sizeof(float)));
+  };
+  r->k_cache_.reset(zeroed());
+  r->v_cache_.reset(zeroed());
+  if (!r->k_cache_ || !r->v_cache_) {
     return ResourceExhaustedError("cannot allocate " + std::to_string(2 * per_cache * 4 >> 20) +
                                   " MiB of KV cache");
   }
