@@ -139,6 +139,15 @@ std::vector<int32_t> SpecController::Allocate(const std::vector<std::vector<doub
     int32_t d;
     bool operator<(const Inc& o) const { return ratio < o.ratio; }
   };
+  // The pass's other tokens (prefill chunks, roots of sequences that do not speculate) are there
+  // whatever the choice, and emit nothing counted here: the objective leaves their time out.
+  // Otherwise a step carrying a long prefill chunk made extra tree tokens look cheap beside it
+  // (measured: 20 speculated tokens beside a 138-token chunk, predicted 1.25x, brought none).
+  const double others =
+      std::max(cost_.Predict(base_tokens) - cost_.Predict(ch.predicted_tokens), 0.0);
+  auto rate = [&](double toks, double seconds) {
+    return seconds - others > 0 ? toks / (seconds - others) : 0;
+  };
   std::priority_queue<Inc> heap;
   auto push = [&](size_t i, int32_t d) {
     if (d > static_cast<int32_t>(r[i].size())) return;
@@ -147,7 +156,8 @@ std::vector<int32_t> SpecController::Allocate(const std::vector<std::vector<doub
   };
   for (size_t i = 0; i < n; ++i) push(i, 1);
   double tokens = ch.predicted_tokens, extra = 0, draft = 0;
-  double best = ch.plain_seconds > 0 ? tokens / ch.plain_seconds : 0;
+  const double plain_rate = rate(tokens, ch.plain_seconds);
+  double best = plain_rate;
   std::vector<Inc> taken;
   size_t best_prefix = 0;
   double best_tokens = tokens, best_seconds = ch.plain_seconds;
@@ -161,7 +171,7 @@ std::vector<int32_t> SpecController::Allocate(const std::vector<std::vector<doub
     draft += s[inc.i];
     taken.push_back(inc);
     const double seconds = cost_.Predict(base_tokens + extra) + overhead + draft;
-    const double tput = seconds > 0 ? tokens / seconds : 0;
+    const double tput = rate(tokens, seconds);
     spdlog::trace("  take {} d{}: {:.3f} tokens, T {:.2f}, {:.3f} ms, tput {:.3f} best {:.3f}",
                   inc.i, inc.d, tokens, base_tokens + extra, seconds * 1e3, tput, best);
     if (tput > best * (1 + 1e-9)) {
@@ -174,7 +184,7 @@ std::vector<int32_t> SpecController::Allocate(const std::vector<std::vector<doub
   }
   // The model is an estimate: speculate only for a clear predicted gain, so its errors do not
   // make speculation a loss (measured: the prediction ran 5-15% high on a busy CPU).
-  if (ch.plain_seconds > 0 && best < kMinGain * (ch.predicted_tokens / ch.plain_seconds)) {
+  if (plain_rate > 0 && best < kMinGain * plain_rate) {
     best_prefix = 0;
     best_tokens = ch.predicted_tokens;
     best_seconds = ch.plain_seconds;
@@ -193,6 +203,24 @@ void SpecController::ObserveBudgetTree(const std::string& key, int32_t budget,
   global_budget_[key].Observe(budget, sorted_probs, accepted, kGlobalAlpha);
   const double nodes = std::max<double>(static_cast<double>(sorted_probs.size()), 1);
   draft_node_seconds_[key].Add(draft_seconds / nodes, kGlobalAlpha * 4);
+}
+
+int64_t SpecController::ProbeBackoff(const std::string& key, bool dynamic) const {
+  double hit = 1;
+  if (dynamic) {
+    auto it = global_budget_.find(key);
+    if (it == global_budget_.end() || it->second.accepted.count < kPriorWeight) return 1;
+    hit = it->second.accepted.value;
+  } else {
+    auto it = global_.find(key);
+    if (it == global_.end() || it->second.accepted.empty() ||
+        it->second.accepted[0].count < kPriorWeight)
+      return 1;
+    hit = it->second.accepted[0].value;
+  }
+  if (hit >= kProbeHit) return 1;
+  return std::clamp<int64_t>(static_cast<int64_t>(kProbeHit / std::max(hit, 1e-3)), 1,
+                             kMaxProbeBackoff);
 }
 
 SpecController::Choice SpecController::PlainChoice(size_t n, int32_t decoding,
@@ -268,7 +296,7 @@ SpecController::Choice SpecController::ChooseBudgets(std::span<const Candidate> 
     const Candidate& c = candidates[i];
     int32_t b = taken[i];
     // Probes: twice the budget (at least 2), now and then, staggered across sequences.
-    if (Probes(c, n)) b = std::max(2 * b, 2);
+    if (Probes(c, n, ProbeBackoff(*c.key, /*dynamic=*/true))) b = std::max(2 * b, 2);
     b = std::min(b, std::min(c.max_nodes, BudgetAcceptanceModel::kMaxRanks));
     if (c.max_depth <= 0) b = 0;
     ch.nodes[i] = b;
@@ -328,7 +356,8 @@ SpecController::Choice SpecController::Choose(std::span<const Candidate> candida
   // Probes: one level deeper than chosen, now and then, staggered across sequences.
   for (size_t i = 0; i < n; ++i) {
     const Candidate& c = candidates[i];
-    if (ch.depth[i] < c.max_depth && Probes(c, n)) ++ch.depth[i];
+    if (ch.depth[i] < c.max_depth && Probes(c, n, ProbeBackoff(*c.key, /*dynamic=*/false)))
+      ++ch.depth[i];
   }
   ++choices_;
   for (size_t i = 0; i < n; ++i)
@@ -344,6 +373,10 @@ void SpecController::ObserveStep(const Choice* choice, int32_t tokens, double pa
                                  double step_seconds, double draft_seconds, int64_t emitted,
                                  int32_t decoding) {
   const double plain_step = choice != nullptr ? choice->plain_seconds : 0;
+  spdlog::debug("spec controller: step of {} tokens: pass {:.2f} ms (predicted {:.2f}), step "
+                "{:.2f} ms, {} emitted by {} decoding",
+                tokens, pass_seconds * 1e3, cost_.Predict(tokens) * 1e3, step_seconds * 1e3,
+                emitted, decoding);
   cost_.Observe(tokens, pass_seconds);
   overhead_.Add(std::max(step_seconds - pass_seconds, 0.0), 0.1);
   const double seconds = step_seconds;

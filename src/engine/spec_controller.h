@@ -25,7 +25,9 @@
 // kProbePeriod of the controller's steps, or every kProbeEvery x (candidates) steps when the batch
 // is larger (staggered across sequences by id, so that short requests probe too; about one
 // probe every kProbeEvery steps then), so a speculator that failed for a while
-// can come back and t(T) keeps being measured beyond the chosen counts.
+// can come back and t(T) keeps being measured beyond the chosen counts. A speculator set whose
+// drafts mostly fail probes up to kMaxProbeBackoff times less often (ProbeBackoff): on free text
+// the probes were the whole cost of having speculation on (1-5% more pass tokens, none accepted).
 //
 // Dynamic trees (SpecBudgetMode::kDynamic, spec/dynamic_tree.h): the controller picks a node
 // budget b_i per sequence instead of a depth (0: plain decoding), by the same greedy increments
@@ -136,6 +138,8 @@ class SpecController {
  public:
   static constexpr int32_t kProbePeriod = 16;
   static constexpr int32_t kProbeEvery = 4;  // steps per probe, at least, across the batch
+  static constexpr double kProbeHit = 0.3;       // first-level hit rate below which probes thin
+  static constexpr int64_t kMaxProbeBackoff = 4;  // out, down to a quarter of the base rate
   static constexpr double kMinGain = 1.1;       // predicted tok/s over plain needed to speculate
   static constexpr double kSeqAlpha = 0.25;     // per-sequence acceptance
   static constexpr double kGlobalAlpha = 0.05;  // per-speculator-set acceptance
@@ -221,11 +225,19 @@ class SpecController {
   // the batch (one probe every kProbeEvery steps on average) so that exploring costs a large
   // batch no more pass tokens than a small one; the speculator set's shared prior still learns
   // from every probe.
-  bool Probes(const Candidate& c, size_t n) const {
+  // `backoff` (1..kMaxProbeBackoff) stretches the period for a speculator set whose drafts fail
+  // (ProbeBackoff).
+  bool Probes(const Candidate& c, size_t n, int64_t backoff) const {
     const int64_t period =
-        std::max<int64_t>(kProbePeriod, static_cast<int64_t>(n) * kProbeEvery);
+        std::max<int64_t>(kProbePeriod, static_cast<int64_t>(n) * kProbeEvery) * backoff;
     return (choices_ + static_cast<int64_t>(c.id % static_cast<uint64_t>(period))) % period == 0;
   }
+  // How much rarer probes of speculator set `key` are: kProbeHit over the share of its trees
+  // whose first level was accepted (for dynamic trees: accepted tokens per tree), between 1 and
+  // kMaxProbeBackoff. A draft that keeps failing (prompt lookup on free text) costs its batch
+  // a probe's tokens for nothing; the probes that still come (and new sequences' own
+  // observations) bring the rate back as soon as its drafts hit again.
+  int64_t ProbeBackoff(const std::string& key, bool dynamic) const;
 
   PassCostModel cost_;
   int64_t choices_ = 0;  // Choose calls (the probe clock)

@@ -147,6 +147,49 @@ TEST(SpecController, ProbesOneLevelDeeperEveryPeriod) {
   EXPECT_EQ(probes, 4);
 }
 
+TEST(SpecController, ProbesThinOutWhileTheSpeculatorSetFails) {
+  // Probes of a speculator set whose trees are never accepted come kMaxProbeBackoff times less
+  // often; once its trees hit again, at the base period.
+  const std::string key = "ngram";
+  std::vector<AcceptanceModel> own(1, Seen(20, 4, 0));
+  auto count_probes = [&](SpecController& c) {
+    int probes = 0;
+    for (int32_t step = 0; step < 16 * SpecController::kProbePeriod; ++step)
+      probes += c.Choose(Candidates(own, key, kChain4), 1, 0, 512).depth[0];
+    return probes;
+  };
+  SpecController failing;
+  WithCost(failing, 0.0, 0.001);
+  for (int i = 0; i < 30; ++i)
+    failing.ObserveTree(key, 1, std::vector<int32_t>{1}, 0, 0.0001);
+  EXPECT_EQ(count_probes(failing), 16 / SpecController::kMaxProbeBackoff);
+  SpecController hitting;
+  WithCost(hitting, 0.0, 0.001);
+  for (int i = 0; i < 30; ++i)
+    hitting.ObserveTree(key, 1, std::vector<int32_t>{1}, i % 2, 0.0001);  // half hit
+  EXPECT_EQ(count_probes(hitting), 16);
+}
+
+TEST(SpecController, PrefillTokensInThePassDoNotMakeTreesLookCheap) {
+  // Compute-bound passes (1 ms per token): one decoding sequence whose drafts are accepted 75%
+  // of the time loses by speculating, whether or not a 100-token prefill chunk shares its pass
+  // (beside it, a 1-token tree adds 1% to the step's time and 75% to its emitted tokens).
+  SpecController c;
+  WithCost(c, 0.0, 0.001);
+  for (int t = 65; t <= 128; ++t)
+    for (int k = 0; k < 2; ++k) c.ObserveStep(nullptr, t, 0.001 * t, 0.001 * t, 0, 0, 0);
+  const std::string key = "ngram";
+  std::vector<AcceptanceModel> own(1, Seen(20, 4, 3));
+  EXPECT_EQ(c.Choose(Candidates(own, key, kChain4), 1, 0, 512).depth[0], 0);
+  EXPECT_EQ(c.Choose(Candidates(own, key, kChain4), 1, 100, 512).depth[0], 0);
+  // Memory-bound passes (20 ms + 0.1 ms per token): it speculates beside the chunk too.
+  SpecController m;
+  WithCost(m, 0.020, 0.0001);
+  for (int t = 65; t <= 128; ++t)
+    for (int k = 0; k < 2; ++k) m.ObserveStep(nullptr, t, 0.02 + 0.0001 * t, 0.02 + 0.0001 * t, 0, 0, 0);
+  EXPECT_GT(m.Choose(Candidates(own, key, kChain4), 1, 100, 512).depth[0], 0);
+}
+
 TEST(SpecController, RespectsTheTokenBudget) {
   SpecController c;
   WithCost(c, 0.020, 0.00001);
