@@ -111,6 +111,11 @@ double PassCostModel::Predict(double tokens) const {
   for (const auto& [t, v] : calibration_) points[t] = v * load;
   for (const auto& [t, e] : table_)
     if (e.count >= 2 || calibration_.empty()) points[t] = e.value;
+  // More tokens never cost less: counts measured under other conditions (a step of long
+  // prefill contexts, a busy moment) must not make a larger pass look cheaper than a smaller
+  // one (seen: 81 tokens predicted 3.6 ms faster than 61, so 20 speculated tokens looked free).
+  double floor = 0;
+  for (auto& [t, v] : points) floor = v = std::max(v, floor);
   return Interpolate(points, tokens);
 }
 
@@ -157,6 +162,7 @@ std::vector<int32_t> SpecController::Allocate(const std::vector<std::vector<doub
   for (size_t i = 0; i < n; ++i) push(i, 1);
   double tokens = ch.predicted_tokens, extra = 0, draft = 0;
   const double plain_rate = rate(tokens, ch.plain_seconds);
+  const double realism = Realism();
   double best = plain_rate;
   std::vector<Inc> taken;
   size_t best_prefix = 0;
@@ -171,7 +177,7 @@ std::vector<int32_t> SpecController::Allocate(const std::vector<std::vector<doub
     draft += s[inc.i];
     taken.push_back(inc);
     const double seconds = cost_.Predict(base_tokens + extra) + overhead + draft;
-    const double tput = rate(tokens, seconds);
+    const double tput = rate(tokens, seconds) * realism;
     spdlog::trace("  take {} d{}: {:.3f} tokens, T {:.2f}, {:.3f} ms, tput {:.3f} best {:.3f}",
                   inc.i, inc.d, tokens, base_tokens + extra, seconds * 1e3, tput, best);
     if (tput > best * (1 + 1e-9)) {
@@ -193,7 +199,16 @@ std::vector<int32_t> SpecController::Allocate(const std::vector<std::vector<doub
     count[taken[t].i] = std::max(count[taken[t].i], taken[t].d);
   ch.predicted_tokens = best_tokens;
   ch.predicted_seconds = best_seconds;
+  ch.realism = best_prefix > 0 ? realism : 1;
   return count;
+}
+
+double SpecController::Realism() const {
+  if (spec_realised_.count < kRealismSteps) return 1;
+  // Plain steps' own ratio once there are a few (a batch that always speculated has none).
+  const double plain =
+      plain_realised_.count >= kRealismSteps ? std::max(plain_realised_.value, 1e-3) : 1;
+  return std::clamp(spec_realised_.value / plain, kMinRealism, 1.0);
 }
 
 void SpecController::ObserveBudgetTree(const std::string& key, int32_t budget,
@@ -296,7 +311,10 @@ SpecController::Choice SpecController::ChooseBudgets(std::span<const Candidate> 
     const Candidate& c = candidates[i];
     int32_t b = taken[i];
     // Probes: twice the budget (at least 2), now and then, staggered across sequences.
-    if (Probes(c, n, ProbeBackoff(*c.key, /*dynamic=*/true))) b = std::max(2 * b, 2);
+    if (Probes(c, n, ProbeBackoff(*c.key, /*dynamic=*/true))) {
+      b = std::max(2 * b, 2);
+      ch.probed = true;
+    }
     b = std::min(b, std::min(c.max_nodes, BudgetAcceptanceModel::kMaxRanks));
     if (c.max_depth <= 0) b = 0;
     ch.nodes[i] = b;
@@ -356,8 +374,10 @@ SpecController::Choice SpecController::Choose(std::span<const Candidate> candida
   // Probes: one level deeper than chosen, now and then, staggered across sequences.
   for (size_t i = 0; i < n; ++i) {
     const Candidate& c = candidates[i];
-    if (ch.depth[i] < c.max_depth && Probes(c, n, ProbeBackoff(*c.key, /*dynamic=*/false)))
+    if (ch.depth[i] < c.max_depth && Probes(c, n, ProbeBackoff(*c.key, /*dynamic=*/false))) {
       ++ch.depth[i];
+      ch.probed = true;
+    }
   }
   ++choices_;
   for (size_t i = 0; i < n; ++i)
@@ -381,6 +401,25 @@ void SpecController::ObserveStep(const Choice* choice, int32_t tokens, double pa
   overhead_.Add(std::max(step_seconds - pass_seconds, 0.0), 0.1);
   const double seconds = step_seconds;
   if (choice == nullptr) return;
+  // How the step's realised tok/s compares with its prediction, for speculating steps (probes
+  // aside: their extra tokens are not in the prediction) and plain ones (Realism).
+  const double realised_rate = emitted / std::max(seconds + draft_seconds, 1e-9);
+  const double predicted_rate =
+      choice->predicted_tokens / std::max(choice->predicted_seconds, 1e-9);
+  if (choice->predicted_seconds > 0 && choice->predicted_tokens > 0 && decoding > 0) {
+    const double ratio = std::clamp(realised_rate / predicted_rate, 0.1, 10.0);
+    if (choice->budget_tokens == 0) {
+      plain_realised_.Add(ratio, kRealismAlpha);
+      // Drift back towards trusting the model while nothing speculates, so that a penalty
+      // earned under one load is retried under another.
+      if (spec_realised_.count > 0) {
+        const double plain = plain_realised_.count >= kRealismSteps ? plain_realised_.value : 1;
+        spec_realised_.value += kRealismDrift * (plain - spec_realised_.value);
+      }
+    } else if (!choice->probed) {
+      spec_realised_.Add(ratio, kRealismAlpha);
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
   SpecControllerSnapshot& s = snapshot_;
   constexpr double a = 0.05;

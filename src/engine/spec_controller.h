@@ -37,6 +37,11 @@
 // confidence, calibrated), its cost one pass token and the draft's time per node. A probe doubles
 // the budget now and then.
 //
+// Realism: the model's errors are measured too. Speculating steps' realised tok/s over their
+// prediction, against the same ratio of plain steps, scales the predicted tok/s of speculative
+// options (at most 1; it drifts back towards 1 while nothing speculates), so speculation that the
+// model says pays but the steps say does not is cut back.
+//
 // Exactness: the caps are decided from past passes only, before anything is drafted, so each
 // step's tree is still a tree of its shape drawn as before; greedy output is identical to plain
 // decoding and multi-step speculative sampling stays exact (spec/verifier.h).
@@ -110,8 +115,9 @@ class PassCostModel {
   void Observe(double tokens, double seconds);
   // Sets the calibration curve's value for `tokens` (replacing an earlier one).
   void Set(double tokens, double seconds);
-  // Predicted seconds for `tokens`; interpolates between known counts, extrapolates past the
-  // largest with the slope of the known range (never below flat). 0 when nothing is known.
+  // Predicted seconds for `tokens`; interpolates between known counts (made non-decreasing),
+  // extrapolates past the largest with the slope of the known range (never below flat). 0 when
+  // nothing is known.
   double Predict(double tokens) const;
   bool empty() const { return table_.empty() && calibration_.empty(); }
   double load_factor() const { return load_.count > 0 ? load_.value : 1; }
@@ -139,13 +145,17 @@ class SpecController {
   static constexpr int32_t kProbePeriod = 16;
   static constexpr int32_t kProbeEvery = 4;  // steps per probe, at least, across the batch
   static constexpr double kProbeHit = 0.3;       // first-level hit rate below which probes thin
-  static constexpr int64_t kMaxProbeBackoff = 4;  // out, down to a quarter of the base rate
+  static constexpr int64_t kMaxProbeBackoff = 16;  // out, down to 1/16 of the base rate
   static constexpr double kMinGain = 1.1;       // predicted tok/s over plain needed to speculate
   static constexpr double kSeqAlpha = 0.25;     // per-sequence acceptance
   static constexpr double kGlobalAlpha = 0.05;  // per-speculator-set acceptance
   static constexpr double kTimeAlpha = 0.2;     // step times
   static constexpr double kPriorWeight = 4;     // observations the global prior counts for
   static constexpr double kOwnWeight = 16;      // and a sequence's own at most
+  static constexpr double kRealismAlpha = 0.1;   // realised / predicted tok/s of steps
+  static constexpr int64_t kRealismSteps = 8;    // of each kind before Realism() applies
+  static constexpr double kMinRealism = 0.25;
+  static constexpr double kRealismDrift = 0.001;  // per plain step, back towards 1
 
   // One decoding sequence that may speculate this step.
   struct Candidate {
@@ -166,6 +176,8 @@ class SpecController {
     double predicted_seconds = 0;
     double plain_seconds = 0;    // predicted seconds of the plain step
     int64_t budget_tokens = 0;   // speculated tokens at most (full expansion to the caps)
+    bool probed = false;         // a probe raised some candidate's depth or budget
+    double realism = 1;          // the Realism() the speculative options were scaled by
   };
 
   // `other_tokens`: tokens of the pass besides the decoding sequences' (prefill chunks, and
@@ -239,7 +251,15 @@ class SpecController {
   // observations) bring the rate back as soon as its drafts hit again.
   int64_t ProbeBackoff(const std::string& key, bool dynamic) const;
 
+  // How far the model's predictions are borne out: realised tok/s of speculating steps over
+  // their prediction, divided by the same ratio of plain steps, at most 1. Whatever the model
+  // misses (a cost model that underrates tree tokens in a large batch, drafts that compete with
+  // the LLM for the same cores, optimistic acceptance) shows up here, and the speculative
+  // options' predicted tok/s are scaled by it.
+  double Realism() const;
+
   PassCostModel cost_;
+  Ewma spec_realised_, plain_realised_;
   int64_t choices_ = 0;  // Choose calls (the probe clock)
   Ewma overhead_;  // seconds of a step beyond its pass and drafts
   bool calibrated_ = false;

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 namespace specinfer {
@@ -25,6 +26,20 @@ TEST(PassCostModel, InterpolatesAndExtrapolates) {
   // EWMA: a new observation moves the value a fifth of the way.
   m.Observe(5, 0.024);
   EXPECT_NEAR(m.Predict(5), 0.016, 1e-12);
+}
+
+TEST(PassCostModel, MoreTokensNeverCostLess) {
+  // A count measured in a slow moment must not make a larger count look cheaper.
+  PassCostModel m;
+  for (int k = 0; k < 3; ++k) {
+    m.Observe(8, 0.010);
+    m.Observe(16, 0.030);  // slow
+    m.Observe(32, 0.020);
+  }
+  EXPECT_NEAR(m.Predict(16), 0.030, 1e-9);
+  EXPECT_NEAR(m.Predict(24), 0.030, 1e-9);
+  EXPECT_NEAR(m.Predict(32), 0.030, 1e-9);
+  for (double t = 1; t <= 64; t += 0.5) EXPECT_LE(m.Predict(t), m.Predict(t + 0.5)) << t;
 }
 
 TEST(PassCostModel, CalibrationCurveFollowsTheLoad) {
@@ -185,9 +200,46 @@ TEST(SpecController, PrefillTokensInThePassDoNotMakeTreesLookCheap) {
   // Memory-bound passes (20 ms + 0.1 ms per token): it speculates beside the chunk too.
   SpecController m;
   WithCost(m, 0.020, 0.0001);
-  for (int t = 65; t <= 128; ++t)
-    for (int k = 0; k < 2; ++k) m.ObserveStep(nullptr, t, 0.02 + 0.0001 * t, 0.02 + 0.0001 * t, 0, 0, 0);
+  for (int t = 65; t <= 128; ++t) {
+    const double seconds = 0.02 + 0.0001 * t;
+    for (int k = 0; k < 2; ++k) m.ObserveStep(nullptr, t, seconds, seconds, 0, 0, 0);
+  }
   EXPECT_GT(m.Choose(Candidates(own, key, kChain4), 1, 100, 512).depth[0], 0);
+}
+
+TEST(SpecController, SpeculationThatDoesNotDeliverIsCutBackAndRetriedLater) {
+  // The model predicts a gain (20 ms passes, 0.1 ms per token, half the drafts accepted) and the
+  // passes take what it predicts, but speculating steps take four times their predicted time
+  // (what the model cannot see, e.g. drafts competing with the LLM for the same cores).
+  SpecController c;
+  WithCost(c, 0.020, 0.0001);
+  const std::string key = "ngram";
+  std::vector<AcceptanceModel> own(1, Seen(20, 4, 2));
+  const auto cands = Candidates(own, key, kChain4);
+  auto step = [&](bool hidden_cost) {
+    SpecController::Choice ch = c.Choose(cands, 1, 0, 512);
+    const int32_t tokens = 1 + static_cast<int32_t>(ch.budget_tokens);
+    const double pass = c.cost().Predict(tokens);
+    const bool speculating = ch.budget_tokens > 0 && !ch.probed;
+    const double seconds = speculating && hidden_cost ? 4 * ch.predicted_seconds : pass;
+    const int64_t emitted = speculating ? std::llround(ch.predicted_tokens) : 1;
+    c.ObserveStep(&ch, tokens, pass, seconds, 0, emitted, 1);
+    return speculating;
+  };
+  EXPECT_TRUE(step(true));  // the model alone: speculate
+  int speculating = 0;
+  for (int i = 0; i < 100; ++i) speculating += step(true) ? 1 : 0;
+  EXPECT_LT(speculating, 20);  // cut back after the first few
+  int late = 0;
+  for (int i = 0; i < 200; ++i) late += step(true) ? 1 : 0;
+  EXPECT_LT(late, 20);  // a retry now and then
+  // Once speculating steps deliver what the model predicts, the retries find it out.
+  int recent = 0;
+  for (int i = 0; i < 3000; ++i) {
+    const bool s = step(false);
+    if (i >= 2900) recent += s ? 1 : 0;
+  }
+  EXPECT_GE(recent, 80);
 }
 
 TEST(SpecController, RespectsTheTokenBudget) {
