@@ -4,9 +4,11 @@
 // tokens/s, and the median / p90 / p99 of time to first token (TTFT: request sent -> first text)
 // and time per output token (TPOT: (last - first token time) / (tokens - 1), per request).
 // Requests are greedy, so every request's text must be the same with speculation on and off; the
-// program checks that and exits 1 if not. With --repeat R each concurrency runs off, on, off,
-// on, ... R times each and reports the median on/off tok/s ratio of the R pairs; after each "on"
-// run it reads the adaptive controller's figures from /metrics (chosen speculated tokens per
+// program checks that and exits 1 if not. Each concurrency starts with one unmeasured run (it
+// fills the prefix cache with the prompts, as every later run finds it). With --repeat R it then
+// runs R pairs, off-on, on-off, off-on, ... (the order alternates, so a drift of the machine's
+// speed does not favour either side) and reports the median on/off tok/s ratio of the R pairs;
+// after each "on" run it reads the adaptive controller's figures from /metrics (chosen speculated tokens per
 // step, predicted and measured gain; engine/spec_controller.h). --json FILE writes every run.
 //
 //   bench_serving --model M [--tokenizer T] [--threads 2] [--concurrency 1,8,32]
@@ -620,14 +622,18 @@ int RunBenchmark(int port, const std::string& what, const BenchSettings& bs) {
   bool mismatch = false, failed = false;
   for (int c : concurrency) {
     const int n = std::max(requests, c);
-    double tok_s_off = 0;
+    double tok_s_off = 0, tok_s_on = 0;  // of the current pair
     std::vector<double> ratios;
     // rep -1: an unmeasured run without speculation. The first run of a setting prefills its
     // prompts while the later ones find them in the prefix cache; without it the first pair's
     // "off" run paid that alone (measured: a 1.57x ratio where the later pairs gave 1.02x).
     for (int rep = -1; rep < 2 * bs.repeat; ++rep) {
+      // Pairs alternate their order (off-on, on-off, ...), so that a machine that slows down or
+      // speeds up during the runs does not favour either side of the ratio.
       const bool warmup = rep < 0;
-      const bool speculate = rep >= 0 && rep % 2 == 1;
+      const bool second_of_pair = rep % 2 == 1;
+      const bool speculate = rep >= 0 && (second_of_pair != ((rep / 2) % 2 == 1));
+      if (rep >= 0 && !second_of_pair) tok_s_off = tok_s_on = 0;
       const std::string before = speculate ? scrape() : std::string();
       std::vector<Sample> samples(n);
       std::atomic<int> next{0};
@@ -657,7 +663,7 @@ int RunBenchmark(int port, const std::string& what, const BenchSettings& bs) {
         else if (text_off.count(key) && text_off[key] != s.text) mismatch = true;
       }
       const double tok_s = tokens / wall;
-      if (!speculate) tok_s_off = tok_s;
+      (speculate ? tok_s_on : tok_s_off) = tok_s;
       std::printf("%-5d %-11s %8.2f %9.1f %9.1f %9.1f %9.1f %9.2f %9.2f %9.2f", c,
                   speculate ? "on" : "off", n / wall, tok_s, Percentile(ttft, 0.5),
                   Percentile(ttft, 0.9), Percentile(ttft, 0.99), Percentile(tpot, 0.5),
@@ -665,10 +671,10 @@ int RunBenchmark(int port, const std::string& what, const BenchSettings& bs) {
       json run = {{"concurrency", c}, {"speculation", speculate}, {"requests", n},
                   {"tokens", tokens}, {"seconds", wall}, {"tok_s", tok_s},
                   {"ttft_p50_ms", Percentile(ttft, 0.5)}, {"tpot_p50_ms", Percentile(tpot, 0.5)}};
-      if (speculate && tok_s_off > 0) {
-        std::printf("   (%.2fx tok/s)", tok_s / tok_s_off);
-        ratios.push_back(tok_s / tok_s_off);
-        run["ratio"] = tok_s / tok_s_off;
+      if (second_of_pair && tok_s_off > 0 && tok_s_on > 0) {
+        std::printf("   (pair: %.2fx tok/s)", tok_s_on / tok_s_off);
+        ratios.push_back(tok_s_on / tok_s_off);
+        run["ratio"] = tok_s_on / tok_s_off;
       }
       if (speculate) {
         // The run's decode passes and accepted tokens, and the controller's figures.
