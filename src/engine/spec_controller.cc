@@ -75,6 +75,7 @@ void PassCostModel::Observe(double tokens, double seconds) {
                 0.1);
     }
   }
+  dirty_ = true;
   Ewma& e = table_[Bucket(tokens)];
   if (e.count >= 2) seconds = std::clamp(seconds, 0.5 * e.value, 2 * e.value);
   e.Add(seconds, 0.2);
@@ -83,6 +84,7 @@ void PassCostModel::Observe(double tokens, double seconds) {
 void PassCostModel::Set(double tokens, double seconds) {
   if (!(seconds >= 0) || !std::isfinite(seconds)) return;
   calibration_[Bucket(tokens)] = seconds;
+  dirty_ = true;
 }
 
 double PassCostModel::Interpolate(const std::map<int32_t, double>& points, double x) {
@@ -106,7 +108,14 @@ double PassCostModel::Interpolate(const std::map<int32_t, double>& points, doubl
 }
 
 double PassCostModel::Predict(double tokens) const {
-  std::map<int32_t, double> points;
+  if (dirty_) Merge();
+  return Interpolate(merged_, tokens);
+}
+
+void PassCostModel::Merge() const {
+  std::map<int32_t, double>& points = merged_;
+  points.clear();
+  dirty_ = false;
   const double load = load_factor();
   for (const auto& [t, v] : calibration_) points[t] = v * load;
   for (const auto& [t, e] : table_)
@@ -116,7 +125,6 @@ double PassCostModel::Predict(double tokens) const {
   // one (seen: 81 tokens predicted 3.6 ms faster than 61, so 20 speculated tokens looked free).
   double floor = 0;
   for (auto& [t, v] : points) floor = v = std::max(v, floor);
-  return Interpolate(points, tokens);
 }
 
 void SpecController::ObserveTree(const std::string& key, int32_t cap,
