@@ -3,7 +3,8 @@
 
 Starts `specinfer cluster` from a config with a request manager, two data-parallel SSM workers
 (layers:2 self-speculation) and the LLM split over four workers (TP=2 x PP=2), every worker on a
-free port, all on stories260K. Reference outputs come from the single-process engine
+free port, all on stories260K. Static trees (`spec_budget: static`): the test is about the remote
+speculator's path, which the adaptive controller may rightly skip on a loaded machine. Reference outputs come from the single-process engine
 (`specinfer serve`, no speculation), each request served alone. Checks:
 
   1. greedy output through the cluster equals the single-process engine's, with and without
@@ -184,7 +185,7 @@ models:
   llm: {path: %s, tokenizer: %s}
 limits: {max_batch: 8, max_queue: 64}
 manager: {http_port: 0, grpc_port: 0, threads: 1, tree: "1,1,2,1", probe_interval_ms: 200,
-          rpc_timeout_ms: 3000, drain_timeout_s: 5}
+          rpc_timeout_ms: 3000, drain_timeout_s: 5, spec_budget: static}
 ssm:
   - spec: layers:2
     max_sessions: 16
