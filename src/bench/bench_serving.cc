@@ -8,8 +8,9 @@
 // fills the prefix cache with the prompts, as every later run finds it). With --repeat R it then
 // runs R pairs, off-on, on-off, off-on, ... (the order alternates, so a drift of the machine's
 // speed does not favour either side) and reports the median on/off tok/s ratio of the R pairs;
-// after each "on" run it reads the adaptive controller's figures from /metrics (chosen speculated tokens per
-// step, predicted and measured gain; engine/spec_controller.h). --json FILE writes every run.
+// after each "on" run it reads the adaptive controller's figures from /metrics (chosen
+// speculated tokens per step, predicted and measured gain; engine/spec_controller.h). --json
+// FILE writes every run.
 //
 //   bench_serving --model M [--tokenizer T] [--threads 2] [--concurrency 1,8,32]
 //                 [--requests 32] [--max-tokens 64] [--draft ngram] [--tree 1,1,1,1]

@@ -207,7 +207,6 @@ std::vector<int32_t> SpecController::Allocate(const std::vector<std::vector<doub
     count[taken[t].i] = std::max(count[taken[t].i], taken[t].d);
   ch.predicted_tokens = best_tokens;
   ch.predicted_seconds = best_seconds;
-  ch.realism = best_prefix > 0 ? realism : 1;
   return count;
 }
 

@@ -182,7 +182,6 @@ class SpecController {
     double plain_seconds = 0;    // predicted seconds of the plain step
     int64_t budget_tokens = 0;   // speculated tokens at most (full expansion to the caps)
     bool probed = false;         // a probe raised some candidate's depth or budget
-    double realism = 1;          // the Realism() the speculative options were scaled by
   };
 
   // `other_tokens`: tokens of the pass besides the decoding sequences' (prefill chunks, and

@@ -4,8 +4,9 @@
 Starts `specinfer cluster` from a config with a request manager, two data-parallel SSM workers
 (layers:2 self-speculation) and the LLM split over four workers (TP=2 x PP=2), every worker on a
 free port, all on stories260K. Static trees (`spec_budget: static`): the test is about the remote
-speculator's path, which the adaptive controller may rightly skip on a loaded machine. Reference outputs come from the single-process engine
-(`specinfer serve`, no speculation), each request served alone. Checks:
+speculator's path, which the adaptive controller may rightly skip on a loaded machine. Reference
+outputs come from the single-process engine (`specinfer serve`, no speculation), each request
+served alone. Checks:
 
   1. greedy output through the cluster equals the single-process engine's, with and without
      speculation;
