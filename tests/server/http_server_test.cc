@@ -35,7 +35,14 @@ std::unique_ptr<InferenceServer> StartServer(InferenceServerOptions o) {
 
 class HttpServerTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { server_ = StartServer({}).release(); }
+  static void SetUpTestSuite() {
+    // Static trees: these tests check what speculation does to replies and counters, so it must
+    // happen; the adaptive controller may rightly decode plainly on a loaded machine (seen in
+    // CI: no accepted token on the speculative-request test).
+    InferenceServerOptions o;
+    o.queue.batch.spec_budget = SpecBudgetMode::kStatic;
+    server_ = StartServer(std::move(o)).release();
+  }
   static void TearDownTestSuite() {
     delete server_;
     server_ = nullptr;
