@@ -42,6 +42,7 @@ void BudgetAcceptanceModel::Observe(int32_t budget, std::span<const float> sorte
   }
   predicted.Add(sum, alpha);
   accepted.Add(accepted_tokens, alpha);
+  if (!sorted_probs.empty()) drafted_accepted.Add(accepted_tokens, alpha);
 }
 
 void AcceptanceModel::Observe(int32_t cap, std::span<const int32_t> nodes_at_depth,
@@ -56,6 +57,8 @@ void AcceptanceModel::Observe(int32_t cap, std::span<const int32_t> nodes_at_dep
     accepted[i].Add(accepted_tokens >= d ? 1.0 : 0.0, alpha);
     nodes[i].Add(i < nodes_at_depth.size() ? nodes_at_depth[i] : 0, alpha);
   }
+  if (!nodes_at_depth.empty() && nodes_at_depth[0] > 0)
+    drafted_hit.Add(accepted_tokens >= 1 ? 1.0 : 0.0, alpha);
 }
 
 int32_t PassCostModel::Bucket(double tokens) {
@@ -228,18 +231,18 @@ void SpecController::ObserveBudgetTree(const std::string& key, int32_t budget,
 }
 
 int64_t SpecController::ProbeBackoff(const std::string& key, bool dynamic) const {
-  double hit = 1;
+  // Only trees that drafted something count: a prompt lookup without a match proposes nothing
+  // and costs nothing, so it is no reason to probe less (it was, and a sequence whose first
+  // probes found no match stopped probing for good).
+  const Ewma* h = nullptr;
   if (dynamic) {
-    auto it = global_budget_.find(key);
-    if (it == global_budget_.end() || it->second.accepted.count < kPriorWeight) return 1;
-    hit = it->second.accepted.value;
-  } else {
-    auto it = global_.find(key);
-    if (it == global_.end() || it->second.accepted.empty() ||
-        it->second.accepted[0].count < kPriorWeight)
-      return 1;
-    hit = it->second.accepted[0].value;
+    if (auto it = global_budget_.find(key); it != global_budget_.end())
+      h = &it->second.drafted_accepted;
+  } else if (auto it = global_.find(key); it != global_.end()) {
+    h = &it->second.drafted_hit;
   }
+  if (h == nullptr || h->count < kPriorWeight) return 1;
+  const double hit = h->value;
   if (hit >= kProbeHit) return 1;
   return std::clamp<int64_t>(static_cast<int64_t>(kProbeHit / std::max(hit, 1e-3)), 1,
                              kMaxProbeBackoff);

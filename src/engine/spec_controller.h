@@ -83,6 +83,7 @@ struct Ewma {
 struct AcceptanceModel {
   std::vector<Ewma> accepted;  // r(d): P(accepted >= d) when the cap allowed d
   std::vector<Ewma> nodes;     // m(d): nodes at depth d when the cap allowed d
+  Ewma drafted_hit;            // P(accepted >= 1) of the trees with a node at depth 1
   // One verified tree: it was drafted with cap `cap`, held `nodes_at_depth[d - 1]` nodes at
   // depth d and the LLM accepted `accepted` of them.
   void Observe(int32_t cap, std::span<const int32_t> nodes_at_depth, int32_t accepted,
@@ -99,6 +100,7 @@ struct BudgetAcceptanceModel {
   std::vector<Ewma> present;
   Ewma predicted;  // sum of a tree's probabilities
   Ewma accepted;   // its accepted tokens
+  Ewma drafted_accepted;  // accepted tokens of the trees with at least one node
   // One verified tree drafted with node budget `budget`: its nodes' probabilities, largest
   // first, and the number of tokens the LLM accepted.
   void Observe(int32_t budget, std::span<const float> sorted_probs, int32_t accepted_tokens,
@@ -248,8 +250,9 @@ class SpecController {
         std::max<int64_t>(kProbePeriod, static_cast<int64_t>(n) * kProbeEvery) * backoff;
     return (choices_ + static_cast<int64_t>(c.id % static_cast<uint64_t>(period))) % period == 0;
   }
-  // How much rarer probes of speculator set `key` are: kProbeHit over the share of its trees
-  // whose first level was accepted (for dynamic trees: accepted tokens per tree), between 1 and
+  // How much rarer probes of speculator set `key` are: kProbeHit over the share of its drafted
+  // trees whose first level was accepted (for dynamic trees: accepted tokens per drafted tree;
+  // a tree without nodes costs nothing and does not count), between 1 and
   // kMaxProbeBackoff. A draft that keeps failing (prompt lookup on free text) costs its batch
   // a probe's tokens for nothing; the probes that still come (and new sequences' own
   // observations) bring the rate back as soon as its drafts hit again.

@@ -185,6 +185,33 @@ TEST(SpecController, ProbesThinOutWhileTheSpeculatorSetFails) {
   EXPECT_EQ(count_probes(hitting), 16);
 }
 
+TEST(SpecController, ProbesWithoutADraftDoNotThinTheProbes) {
+  // A prompt lookup without a match drafts nothing (no cost, nothing learnt about acceptance):
+  // such trees, static or dynamic, leave the probe rate alone, so a sequence whose first probes
+  // found no match still probes at the base period.
+  const std::string key = "ngram";
+  std::vector<AcceptanceModel> own(1, Seen(20, 4, 0));
+  SpecController c;
+  WithCost(c, 0.0, 0.001);
+  for (int i = 0; i < 30; ++i) c.ObserveTree(key, 1, std::vector<int32_t>{0}, 0, 0.0001);
+  int probes = 0;
+  for (int32_t step = 0; step < 16 * SpecController::kProbePeriod; ++step)
+    probes += c.Choose(Candidates(own, key, kChain4), 1, 0, 512).depth[0];
+  EXPECT_EQ(probes, 16);
+
+  SpecController d;
+  WithCost(d, 0.0, 0.001);
+  for (int i = 0; i < 30; ++i) d.ObserveBudgetTree(key, 2, {}, 0, 0.0001);
+  std::vector<SpecController::Candidate> cs = Candidates(own, key, kChain4);
+  BudgetAcceptanceModel own_budget;
+  cs[0].own_budget = &own_budget;
+  cs[0].max_nodes = 16;
+  probes = 0;
+  for (int32_t step = 0; step < 16 * SpecController::kProbePeriod; ++step)
+    probes += d.ChooseBudgets(cs, 1, 0, 512).nodes[0] > 0 ? 1 : 0;
+  EXPECT_EQ(probes, 16);
+}
+
 TEST(SpecController, PrefillTokensInThePassDoNotMakeTreesLookCheap) {
   // Compute-bound passes (1 ms per token): one decoding sequence whose drafts are accepted 75%
   // of the time loses by speculating, whether or not a 100-token prefill chunk shares its pass
