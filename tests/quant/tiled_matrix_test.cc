@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -129,6 +130,53 @@ TEST(TiledMatrix, EveryKernelSetIsBitIdenticalToReferenceDot) {
     }
   }
   EXPECT_GE(sets, static_cast<int>(TiledTypes().size()) * 8);
+}
+
+// TileOps::prep of every kernel set writes the scalar set's bytes (d, s, bias and the quants)
+// for activations the random ones above rarely hold: NaN and infinities (ignored by the scale,
+// quantised to 0 and +-127), zeros, subnormals, halves exactly between two quants (roundf
+// rounds them away from zero), huge and tiny blocks, and rows of 1 to 48 blocks (the AVX-512
+// prep works on 16 blocks at a time).
+TEST(TiledMatrix, EveryKernelSetQuantisesActivationsAsTheScalarSet) {
+  const std::vector<cpu::KernelIsa> isas = AvailableIsas();
+  if (isas.size() == 1) GTEST_SKIP() << "only the scalar kernel set runs on this CPU";
+  std::mt19937 rng(11);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float specials[] = {std::nanf(""), inf, -inf, 0.0f, -0.0f, 1e-40f, -1e-42f, 3e38f,
+                            -3e38f, 0.5f, -0.5f, 1.5f, 127.0f, -127.0f, 63.5f, 1e-30f};
+  std::uniform_int_distribution<int> pick(0, 15), coin(0, 3);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  int checked = 0;
+  for (int64_t blocks : {1, 2, 15, 16, 17, 18, 33, 48}) {
+    for (int round = 0; round < 20; ++round) {
+      std::vector<float> x(static_cast<size_t>(blocks * 32));
+      const float scale = std::ldexp(1.0f, static_cast<int>(rng() % 60) - 30);
+      for (float& v : x) v = coin(rng) == 0 ? specials[pick(rng)] : u(rng) * scale;
+      // Blocks whose largest magnitude is 127: every value k + 0.5 sits exactly between two
+      // quants.
+      if (round % 4 == 1)
+        for (int64_t i = 0; i < blocks * 32; ++i)
+          x[i] = i % 32 == 0 ? 127.0f : static_cast<float>(static_cast<int>(rng() % 253) - 126) + 0.5f;
+      for (DType t : {DType::kQ4_1, DType::kQ4_0, DType::kQ8_0, DType::kQ5_0}) {
+        std::vector<cpu::TileAct> want(static_cast<size_t>(blocks)), got(want.size());
+        cpu::TileOpsForIsa(t, cpu::KernelIsa::kScalar)->prep(x.data(), blocks * 32, want.data());
+        for (cpu::KernelIsa isa : isas) {
+          if (isa == cpu::KernelIsa::kScalar) continue;
+          std::memset(got.data(), 0xab, got.size() * sizeof(cpu::TileAct));
+          cpu::TileOpsForIsa(t, isa)->prep(x.data(), blocks * 32, got.data());
+          for (int64_t b = 0; b < blocks; ++b) {
+            ASSERT_EQ(std::memcmp(&got[b], &want[b], sizeof(cpu::TileAct)), 0)
+                << DTypeName(t) << " " << IsaName(isa) << " blocks=" << blocks << " round "
+                << round << " block " << b << ": d " << got[b].d << " vs " << want[b].d << ", s "
+                << got[b].s << " vs " << want[b].s << ", bias " << got[b].bias << " vs "
+                << want[b].bias;
+          }
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
 }
 
 // ReferenceDot computes the dot product of the dequantised row and activations, up to float32

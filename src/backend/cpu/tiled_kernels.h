@@ -53,6 +53,9 @@ int64_t PeakLoop(int64_t iters);
 namespace tiled_avx512 {
 SPECINFER_TILE_KERNELS
 int64_t PeakLoop(int64_t iters);
+// TileOps::prep: Q8_1 quantisation into TileAct, bias = -kOffset * sum q (0, 8, 16 or 128).
+template <int kOffset>
+void PrepQ8(const float* x, int64_t n, TileAct* out);
 }
 #endif
 

@@ -170,7 +170,16 @@ struct Tables {
 const Tables kScalarTables = SPECINFER_TILE_TABLE(tiled_scalar, scalar::FromFloatQ8_1);
 #if defined(SPECINFER_HAVE_X86_KERNELS)
 const Tables kAvx2Tables = SPECINFER_TILE_TABLE(tiled_avx2, avx2::FromFloatQ8_1);
-const Tables kAvx512Tables = SPECINFER_TILE_TABLE(tiled_avx512, avx2::FromFloatQ8_1);
+// AVX-512 quantises with its own prep (16 blocks' scalar steps at once), the same bytes.
+const Tables kAvx512Tables = [] {
+  Tables t = SPECINFER_TILE_TABLE(tiled_avx512, avx2::FromFloatQ8_1);
+  t.q4_1.prep = tiled_avx512::PrepQ8<0>;
+  t.q4_0.prep = tiled_avx512::PrepQ8<8>;
+  t.q8_0.prep = tiled_avx512::PrepQ8<128>;
+  t.q5_1.prep = tiled_avx512::PrepQ8<0>;
+  t.q5_0.prep = tiled_avx512::PrepQ8<16>;
+  return t;
+}();
 #endif
 
 #undef SPECINFER_TILE_TABLE
