@@ -1,4 +1,4 @@
-// AttendKvHead (slots resolved once, Dot and Axpy over all visible rows per call, the output
+// AttendKvHead (slots resolved by the caller, Dot and Axpy over all visible rows per call, the output
 // columns kept in registers across rows) against the plain per-row composition of the public
 // Dot, Softmax and Axpy it replaced: the results must be bit-identical, since decode and tree
 // passes both go through it and a token's attention must not depend on the kernel's blocking.
@@ -57,11 +57,13 @@ TEST(AttendKvHead, BitIdenticalToPerRowDotAndAxpy) {
       s.token_count = new_tokens;
       s.kv_prefix = prefix;
       const float scale = 0.125f;
+      std::vector<int32_t> slots(static_cast<size_t>(positions));
+      for (int32_t p = 0; p < positions; ++p) slots[p] = table[p / bs] * bs + p % bs;
       for (int32_t i = 0; i < new_tokens; ++i) {
         std::vector<int32_t> visible;
         std::vector<float> scores;
         std::vector<float> got(q.size()), want(q.size());
-        cpu::AttendKvHead(s, i, table, bs, keys.data(), values.data(), stride, q.data(), group,
+        cpu::AttendKvHead(s, i, slots.data(), keys.data(), values.data(), stride, q.data(), group,
                           head_dim, scale, visible, scores, got.data());
         std::vector<int32_t> seen;
         for (int32_t p = 0; p <= prefix + i; ++p) seen.push_back(p);

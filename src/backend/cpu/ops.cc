@@ -517,29 +517,26 @@ void Softmax(float* x, int64_t n) { Kernels().softmax(x, n); }
 void SwiGlu(float* gate, const float* up, int64_t n) { Kernels().swiglu(gate, up, n); }
 void Axpy(float alpha, const float* x, float* y, int64_t n) { Kernels().axpy(alpha, x, y, n); }
 
-void AttendKvHead(const BatchSequence& s, int32_t i, std::span<const int32_t> table,
-                  int32_t block_size, const float* keys, const float* values, int64_t slot_stride,
-                  const float* q, int32_t group, int32_t head_dim, float scale,
-                  std::vector<int32_t>& visible, std::vector<float>& scores, float* out,
-                  int32_t qpos, int32_t sliding_window, float softcap) {
-  const int32_t bs = block_size;
-  visible.clear();
+void AttendKvHead(const BatchSequence& s, int32_t i, const int32_t* slots, const float* keys,
+                  const float* values, int64_t slot_stride, const float* q, int32_t group,
+                  int32_t head_dim, float scale, std::vector<int32_t>& visible,
+                  std::vector<float>& scores, float* out, int32_t qpos, int32_t sliding_window,
+                  float softcap) {
   // Sliding window: key position p is seen when qpos - p < sliding_window. Committed entry p sits
   // at position p; the k-th entry this token sees after the prefix is its ancestor at depth k
   // (a chain or a tree laid out with positions by depth), at position kv_prefix + k.
   const int32_t first = sliding_window > 0 ? std::max(0, qpos - sliding_window + 1) : 0;
-  for (int32_t p = std::min(first, s.kv_prefix); p < s.kv_prefix; ++p) visible.push_back(p);
+  const int32_t from = std::min(first, s.kv_prefix);
+  visible.assign(slots + from, slots + s.kv_prefix);
   const int32_t window = s.masked_kv + s.token_count;
   int32_t k = 0;
   for (int32_t j = 0; j < window; ++j) {
     const bool sees = s.mask ? s.mask->Get(i, j) : j <= i;
     if (!sees) continue;
-    if (s.kv_prefix + k++ >= first) visible.push_back(s.kv_prefix + j);
+    if (s.kv_prefix + k++ >= first) visible.push_back(slots[s.kv_prefix + j]);
   }
   const int64_t nv = static_cast<int64_t>(visible.size());
   if (scores.size() < static_cast<size_t>(nv)) scores.resize(nv);
-  // Positions -> cache slots, once for all heads of the group.
-  for (int32_t& p : visible) p = static_cast<int32_t>(int64_t{table[p / bs]} * bs + p % bs);
   const AttentionKernels& kern = Kernels();
   if (kern.group64 != nullptr && head_dim == 64 && group >= 1 && group <= 4) {
     if (scores.size() < static_cast<size_t>(nv * group)) scores.resize(nv * group);

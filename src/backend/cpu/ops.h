@@ -57,18 +57,19 @@ void Axpy(float alpha, const float* x, float* y, int64_t n);
 
 // Attention of new token `i` of sequence `s` for the `group` query heads that share one KV head:
 // over the committed prefix, then what s.mask lets it see of the masked window and the new tokens
-// (causal when s.mask is null), in position order. Position p lives in slot
-// table[p / block_size] * block_size + p % block_size; its key and value are at
-// keys + slot * slot_stride and values + slot * slot_stride ([head_dim] each).
+// (causal when s.mask is null), in position order. Position p lives in cache slot slots[p] (for
+// every p < s.kv_end(); the caller resolves the block table once per pass for all tokens, heads
+// and layers); its key and value are at keys + slot * slot_stride and values + slot *
+// slot_stride ([head_dim] each).
 //   q: [group, head_dim], out: [group, head_dim].
 // With sliding_window > 0, only keys at positions p with qpos - p < sliding_window are seen
 // (qpos: the token's rotary position); scores are soft-capped by `softcap` when it is not 0.
 // `visible` and `scores` are scratch. Used by every CPU runner (whole model and TP shards), so
 // a token's attention is bit-identical whichever computes it.
-void AttendKvHead(const BatchSequence& s, int32_t i, std::span<const int32_t> table,
-                  int32_t block_size, const float* keys, const float* values, int64_t slot_stride,
-                  const float* q, int32_t group, int32_t head_dim, float scale,
-                  std::vector<int32_t>& visible, std::vector<float>& scores, float* out,
-                  int32_t qpos = 0, int32_t sliding_window = 0, float softcap = 0.0f);
+void AttendKvHead(const BatchSequence& s, int32_t i, const int32_t* slots, const float* keys,
+                  const float* values, int64_t slot_stride, const float* q, int32_t group,
+                  int32_t head_dim, float scale, std::vector<int32_t>& visible,
+                  std::vector<float>& scores, float* out, int32_t qpos = 0,
+                  int32_t sliding_window = 0, float softcap = 0.0f);
 
 }  // namespace specinfer::cpu

@@ -177,7 +177,7 @@ class CpuShardRunner::Pass {
   Pass(CpuShardRunner& r, const ForwardBatch& batch,
        std::span<const std::span<const int32_t>> tables, Collective* group,
        std::span<float> logits)
-      : r_(r), c_(r.model_->config()), w_(r.model_->weights()), batch_(batch), tables_(tables),
+      : r_(r), c_(r.model_->config()), w_(r.model_->weights()), batch_(batch),
         group_(group), logits_(logits), n_(batch.size()), inv_(batch.batch_invariant) {
     const int32_t me = r.layout_.tp_rank;
     qd_ = r.q_cols_[me].count;
@@ -186,9 +186,21 @@ class CpuShardRunner::Pass {
     hq_ = static_cast<int32_t>(r.heads_[me].count);
     hk_ = static_cast<int32_t>(r.kv_heads_[me].count);
     seq_of_.resize(static_cast<size_t>(n_));
-    for (size_t si = 0; si < batch.seqs.size(); ++si)
-      std::fill_n(seq_of_.begin() + batch.seqs[si].token_begin, batch.seqs[si].token_count,
-                  static_cast<int32_t>(si));
+    slot_begin_.resize(batch.seqs.size() + 1);
+    for (size_t si = 0; si < batch.seqs.size(); ++si) {
+      const BatchSequence& bs = batch.seqs[si];
+      std::fill_n(seq_of_.begin() + bs.token_begin, bs.token_count, static_cast<int32_t>(si));
+      slot_begin_[si + 1] = slot_begin_[si] + bs.kv_end();
+    }
+    // Every position's cache slot, once per pass (the same for every layer, head and token).
+    const int32_t bsz = r.kv_block_size_;
+    slots_.resize(static_cast<size_t>(slot_begin_.back()));
+    for (size_t si = 0; si < batch.seqs.size(); ++si) {
+      int32_t* out = slots_.data() + slot_begin_[si];
+      const std::span<const int32_t> table = tables[si];
+      for (int32_t p = 0; p < batch.seqs[si].kv_end(); ++p)
+        out[p] = table[p / bsz] * bsz + p % bsz;
+    }
     const int64_t dim = c_.dim;
     Grow(r.x_, n_ * dim);
     Grow(r.xb_, n_ * dim);
@@ -262,7 +274,6 @@ class CpuShardRunner::Pass {
   }
 
   Status RopeAndStoreKv(int32_t layer) {
-    const int32_t bsz = r_.kv_block_size_;
     const bool local = c_.rope_theta_local != 0.0f &&
                        c_.IsSlidingLayer(static_cast<int32_t>(r_.layers_.begin + layer));
     const cpu::RopeTable& rope = local ? r_.rope_local_ : r_.rope_;
@@ -272,7 +283,7 @@ class CpuShardRunner::Pass {
       rope.Apply(&r_.q_[t * qd_], hq_, batch_.positions[t], c_.rope_style);
       rope.Apply(&r_.k_[t * kvd_], hk_, batch_.positions[t], c_.rope_style);
       const int32_t p = bs.kv_prefix + bs.masked_kv + static_cast<int32_t>(t - bs.token_begin);
-      const int64_t slot = static_cast<int64_t>(tables_[si][p / bsz]) * bsz + p % bsz;
+      const int64_t slot = slots_[slot_begin_[si] + p];
       std::copy_n(&r_.k_[t * kvd_], kvd_, r_.KeyAt(layer, slot));
       std::copy_n(&r_.v_[t * kvd_], kvd_, r_.ValueAt(layer, slot));
     });
@@ -287,7 +298,6 @@ class CpuShardRunner::Pass {
     const int32_t window =
         c_.IsSlidingLayer(static_cast<int32_t>(r_.layers_.begin + layer)) ? c_.sliding_window : 0;
     const float softcap = c_.attn_softcap;
-    const int32_t bsz = r_.kv_block_size_;
     const int32_t hk = hk_;
     const int64_t qd = qd_;
     const float* q = r_.q_.data();
@@ -318,7 +328,7 @@ class CpuShardRunner::Pass {
         const BatchSequence& s = batch_.seqs[it.seq];
         const int64_t t = s.token_begin + it.i;
         const int64_t head0 = static_cast<int64_t>(kvh) * group * head_dim;
-        cpu::AttendKvHead(s, it.i, tables_[it.seq], bsz,
+        cpu::AttendKvHead(s, it.i, slots_.data() + slot_begin_[it.seq],
                           r_.KeyAt(layer, 0) + static_cast<int64_t>(kvh) * head_dim,
                           r_.ValueAt(layer, 0) + static_cast<int64_t>(kvh) * head_dim, r_.kv_dim_,
                           q + t * qd + head0, group, head_dim, scale, visible, scores,
@@ -416,7 +426,6 @@ class CpuShardRunner::Pass {
   const ModelConfig& c_;
   const ModelWeights& w_;
   const ForwardBatch& batch_;
-  const std::span<const std::span<const int32_t>> tables_;
   Collective* const group_;
   const std::span<float> logits_;
   const int64_t n_;
@@ -424,6 +433,9 @@ class CpuShardRunner::Pass {
   int64_t qd_ = 0, kvd_ = 0, hid_ = 0;  // this rank's q, kv and hidden widths
   int32_t hq_ = 0, hk_ = 0;             // this rank's query and KV heads
   std::vector<int32_t> seq_of_;         // token -> index of its sequence in batch_.seqs
+  // Cache slot of each position of sequence si: slots_[slot_begin_[si] + p], p < its kv_end().
+  std::vector<int32_t> slots_;
+  std::vector<int64_t> slot_begin_;
   // The full (gathered) attention output [n, q_dim], this rank's dim rows of a product
   // [n, dim share], the full SwiGLU output [n, hidden]: with one TP rank, att_, xb_ and gate_.
   float *att_full_ = nullptr, *part_ = nullptr, *ffn_full_ = nullptr;
