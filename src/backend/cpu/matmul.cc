@@ -61,9 +61,10 @@ void TiledProducts(std::span<const MatMulTarget> targets, const float* x, int64_
     auto prep = [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) ops->prep(x + t * cols, cols, act + t * nb);
     };
-    // Converting a few tokens costs less than waking the workers.
-    if (n * cols >= (int64_t{1} << 16))
-      pool.ParallelFor(n, prep, 1);
+    // Converting a few tokens costs less than waking the workers; from 16 (a tree pass, a large
+    // batch) the second thread's share pays (serial, it was ~2% of a 32-token pass).
+    if (n >= 16 && n * cols >= (int64_t{1} << 13))
+      pool.ParallelFor(n, prep, std::max<int64_t>(4, n / (2 * pool.num_threads())));
     else
       prep(0, n);
     act_base = scratch.data();
