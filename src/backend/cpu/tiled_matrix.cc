@@ -155,31 +155,36 @@ struct Tables {
   }
 };
 
-#define SPECINFER_TILE_TABLE(kernels, from_float)                      \
+// The quantised types' preps of each kernel set, by offset: the scalar and AVX2 sets quantise
+// with their FromFloatQ8_1 (Prep above), the AVX-512 set with its own PrepQ8 (16 blocks' scalar
+// steps at once); all write the same bytes.
+template <int kOffset>
+void PrepScalar(const float* x, int64_t n, TileAct* out) {
+  Prep<scalar::FromFloatQ8_1, kOffset>(x, n, out);
+}
+#if defined(SPECINFER_HAVE_X86_KERNELS)
+template <int kOffset>
+void PrepAvx2(const float* x, int64_t n, TileAct* out) {
+  Prep<avx2::FromFloatQ8_1, kOffset>(x, n, out);
+}
+#endif
+
+#define SPECINFER_TILE_TABLE(kernels, prep)                            \
   Tables {                                                             \
-    .q4_1 = {Prep<from_float, 0>, kernels::DotQ4_1},                   \
-    .q4_0 = {Prep<from_float, 8>, kernels::DotQ4_0},                   \
-    .q8_0 = {Prep<from_float, 128>, kernels::DotQ8_0},                 \
-    .q5_1 = {Prep<from_float, 0>, kernels::DotQ5_1},                   \
-    .q5_0 = {Prep<from_float, 16>, kernels::DotQ5_0},                  \
+    .q4_1 = {prep<0>, kernels::DotQ4_1},                               \
+    .q4_0 = {prep<8>, kernels::DotQ4_0},                               \
+    .q8_0 = {prep<128>, kernels::DotQ8_0},                             \
+    .q5_1 = {prep<0>, kernels::DotQ5_1},                               \
+    .q5_0 = {prep<16>, kernels::DotQ5_0},                              \
     .f32 = {nullptr, kernels::DotF32},                                 \
     .f16 = {nullptr, kernels::DotF16},                                 \
     .bf16 = {nullptr, kernels::DotBF16},                               \
   }
 
-const Tables kScalarTables = SPECINFER_TILE_TABLE(tiled_scalar, scalar::FromFloatQ8_1);
+const Tables kScalarTables = SPECINFER_TILE_TABLE(tiled_scalar, PrepScalar);
 #if defined(SPECINFER_HAVE_X86_KERNELS)
-const Tables kAvx2Tables = SPECINFER_TILE_TABLE(tiled_avx2, avx2::FromFloatQ8_1);
-// AVX-512 quantises with its own prep (16 blocks' scalar steps at once), the same bytes.
-const Tables kAvx512Tables = [] {
-  Tables t = SPECINFER_TILE_TABLE(tiled_avx512, avx2::FromFloatQ8_1);
-  t.q4_1.prep = tiled_avx512::PrepQ8<0>;
-  t.q4_0.prep = tiled_avx512::PrepQ8<8>;
-  t.q8_0.prep = tiled_avx512::PrepQ8<128>;
-  t.q5_1.prep = tiled_avx512::PrepQ8<0>;
-  t.q5_0.prep = tiled_avx512::PrepQ8<16>;
-  return t;
-}();
+const Tables kAvx2Tables = SPECINFER_TILE_TABLE(tiled_avx2, PrepAvx2);
+const Tables kAvx512Tables = SPECINFER_TILE_TABLE(tiled_avx512, tiled_avx512::PrepQ8);
 #endif
 
 #undef SPECINFER_TILE_TABLE
