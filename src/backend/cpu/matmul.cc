@@ -14,6 +14,16 @@ bool SupportsType(DType t) {
   return ops != nullptr && ops->vec_dot != nullptr && ops->to_float != nullptr;
 }
 
+void ForTokens(ThreadPool& pool, int64_t n, int64_t elements_per_token,
+               const std::function<void(int64_t, int64_t)>& fn) {
+  if (n < kParallelTokens || n * elements_per_token < (int64_t{1} << 13) ||
+      pool.num_threads() == 1) {
+    fn(0, n);
+    return;
+  }
+  pool.ParallelFor(n, fn, std::max<int64_t>(4, n / (2 * pool.num_threads())));
+}
+
 void GetRow(const WeightMatrix& w, int64_t r, float* dst) {
   const TypeOps* ops = GetTypeOps(w.type);
   assert(ops && ops->to_float);
@@ -61,12 +71,7 @@ void TiledProducts(std::span<const MatMulTarget> targets, const float* x, int64_
     auto prep = [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) ops->prep(x + t * cols, cols, act + t * nb);
     };
-    // Converting a few tokens costs less than waking the workers; from 16 (a tree pass, a large
-    // batch) the second thread's share pays (serial, it was ~2% of a 32-token pass).
-    if (n >= 16 && n * cols >= (int64_t{1} << 13))
-      pool.ParallelFor(n, prep, std::max<int64_t>(4, n / (2 * pool.num_threads())));
-    else
-      prep(0, n);
+    ForTokens(pool, n, cols, prep);
     act_base = scratch.data();
   }
   auto act = [&](int64_t t) { return act_base + static_cast<size_t>(t * nb) * act_bytes; };

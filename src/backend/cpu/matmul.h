@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -47,6 +48,16 @@ struct MatMulTarget {
 };
 void MatMulShared(std::span<const MatMulTarget> targets, const float* x, int64_t n,
                   ThreadPool& pool, std::vector<uint8_t>& scratch, bool batch_invariant = true);
+
+// Per-token work of a pass whose every token's values come from its own inputs alone (activation
+// quantisation, norms, RoPE, SwiGLU, residual adds), so how the tokens are split changes
+// nothing: fn(b, e) for the tokens [b, e) of [0, n), on the pool's threads from kParallelTokens
+// tokens of at least 8192 elements in all (a tree pass or a large batch: serial, these steps
+// were the part of a 32-token pass that a second thread did not share), on this thread below
+// (a decode step's few tokens cost less than waking the workers).
+inline constexpr int64_t kParallelTokens = 16;
+void ForTokens(ThreadPool& pool, int64_t n, int64_t elements_per_token,
+               const std::function<void(int64_t, int64_t)>& fn);
 
 // Writes row `r` of `w` as float32 into dst[0, w.cols).
 void GetRow(const WeightMatrix& w, int64_t r, float* dst);

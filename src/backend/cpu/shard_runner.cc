@@ -241,7 +241,7 @@ class CpuShardRunner::Pass {
     const LayerWeights& l = w_.layers[r_.layers_.begin + layer];
     const float* gain = which == LlamaNorm::kAttention ? l.attn_norm.data : l.ffn_norm.data;
     const int64_t dim = c_.dim;
-    ForEachToken([&](int64_t t) {
+    ForEachToken(dim, [&](int64_t t) {
       cpu::RmsNorm(&r_.x_[t * dim], gain, &r_.xb_[t * dim], dim, c_.norm_eps);
     });
     return Status::Ok();
@@ -259,7 +259,7 @@ class CpuShardRunner::Pass {
       // Per-head RMSNorm of q and k (Qwen3, Gemma 3), before RoPE.
       const LayerWeights& l = w_.layers[r_.layers_.begin + layer];
       const int32_t hd = c_.head_dim;
-      ForEachToken([&](int64_t t) {
+      ForEachToken(qd_ + kvd_, [&](int64_t t) {
         for (int32_t h = 0; h < hq_; ++h) {
           float* v = &r_.q_[t * qd_ + static_cast<int64_t>(h) * hd];
           cpu::RmsNorm(v, l.q_norm.data, v, hd, c_.norm_eps);
@@ -277,7 +277,7 @@ class CpuShardRunner::Pass {
     const bool local = c_.rope_theta_local != 0.0f &&
                        c_.IsSlidingLayer(static_cast<int32_t>(r_.layers_.begin + layer));
     const cpu::RopeTable& rope = local ? r_.rope_local_ : r_.rope_;
-    ForEachToken([&](int64_t t) {
+    ForEachToken(qd_ + 2 * kvd_, [&](int64_t t) {
       const int32_t si = seq_of_[t];
       const BatchSequence& bs = batch_.seqs[si];
       rope.Apply(&r_.q_[t * qd_], hq_, batch_.positions[t], c_.rope_style);
@@ -353,7 +353,7 @@ class CpuShardRunner::Pass {
 
   Status SwiGlu() {
     const bool gelu = c_.ffn_activation == FfnActivation::kGeluTanh;
-    ForEachToken([&](int64_t t) {
+    ForEachToken(hid_, [&](int64_t t) {
       float* gate = r_.gate_.data() + t * hid_;
       const float* up = r_.up_.data() + t * hid_;
       if (gelu) {
@@ -397,29 +397,20 @@ class CpuShardRunner::Pass {
     float* xb = r_.xb_.data();
     const int64_t dim = c_.dim;
     const bool post_norms = c_.post_norms;
-    ForEachToken([&](int64_t t) {
+    ForEachToken(dim, [&](int64_t t) {
       if (post_norms) cpu::RmsNorm(&xb[t * dim], post_norm.data, &xb[t * dim], dim, c_.norm_eps);
       for (int64_t i = t * dim; i < (t + 1) * dim; ++i) x[i] += xb[i];
     });
     return Status::Ok();
   }
 
-  // fn(t) for every token t of the pass. Each token's values are computed from its own inputs
-  // alone, so how the tokens are split changes nothing: on the pool's threads from
-  // kParallelTokens tokens (a tree pass or a large batch; serial, these element-wise steps were
-  // ~5% of a 32-token pass on one thread, the part of it that a second thread did not share),
-  // on this thread below (a decode step's few tokens cost less than waking the workers).
-  static constexpr int64_t kParallelTokens = 16;
+  // fn(t) for every token t of the pass, each touching about `elements` values
+  // (cpu::ForTokens: on the pool's threads for a tree pass or a large batch).
   template <typename Fn>
-  void ForEachToken(const Fn& fn) {
-    const int threads = r_.pool_->num_threads();
-    if (n_ < kParallelTokens || threads == 1) {
-      for (int64_t t = 0; t < n_; ++t) fn(t);
-      return;
-    }
-    r_.pool_->ParallelFor(n_, [&](int64_t b, int64_t e) {
+  void ForEachToken(int64_t elements, const Fn& fn) {
+    cpu::ForTokens(*r_.pool_, n_, elements, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) fn(t);
-    }, std::max<int64_t>(4, n_ / (2 * threads)));
+    });
   }
 
   CpuShardRunner& r_;
