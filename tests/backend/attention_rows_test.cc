@@ -1,7 +1,8 @@
-// AttendKvHead (slots resolved by the caller, Dot and Axpy over all visible rows per call, the output
-// columns kept in registers across rows) against the plain per-row composition of the public
-// Dot, Softmax and Axpy it replaced: the results must be bit-identical, since decode and tree
-// passes both go through it and a token's attention must not depend on the kernel's blocking.
+// AttendKvHead (slots resolved by the caller, Dot and Axpy over all visible rows per call, the
+// output columns kept in registers across rows) against the plain per-row composition of the
+// public Dot, Softmax and Axpy it replaced: the results must be bit-identical, since decode and
+// tree passes both go through it and a token's attention must not depend on the kernel's
+// blocking.
 // Head sizes cover one 64-column chunk, two, a partial chunk (72) and a size with a scalar tail.
 #include <gtest/gtest.h>
 

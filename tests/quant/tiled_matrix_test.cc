@@ -156,7 +156,8 @@ TEST(TiledMatrix, EveryKernelSetQuantisesActivationsAsTheScalarSet) {
       // quants.
       if (round % 4 == 1)
         for (int64_t i = 0; i < blocks * 32; ++i)
-          x[i] = i % 32 == 0 ? 127.0f : static_cast<float>(static_cast<int>(rng() % 253) - 126) + 0.5f;
+          x[i] = i % 32 == 0 ? 127.0f
+                             : static_cast<float>(static_cast<int>(rng() % 253) - 126) + 0.5f;
       for (DType t : {DType::kQ4_1, DType::kQ4_0, DType::kQ8_0, DType::kQ5_0}) {
         std::vector<cpu::TileAct> want(static_cast<size_t>(blocks)), got(want.size());
         cpu::TileOpsForIsa(t, cpu::KernelIsa::kScalar)->prep(x.data(), blocks * 32, want.data());
