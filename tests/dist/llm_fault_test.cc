@@ -58,6 +58,14 @@ pb::LlmForwardRequest ValidRequest(uint64_t epoch) {
   return r;
 }
 
+// Readies a context for a test's direct call to a worker: the call waits through a transient
+// connect failure (each call may open a fresh channel while other tests load the machine) up to
+// a deadline, rather than failing at once with UNAVAILABLE.
+void DirectCall(grpc::ClientContext& ctx) {
+  ctx.set_wait_for_ready(true);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+}
+
 // Sends `req` to every worker of the group (so none waits in a collective for the others).
 std::vector<grpc::Status> ForwardToAll(const testing::LlmTestGroup& g,
                                        const pb::LlmForwardRequest& req) {
@@ -68,7 +76,7 @@ std::vector<grpc::Status> ForwardToAll(const testing::LlmTestGroup& g,
       auto stub = pb::LlmWorker::NewStub(
           grpc::CreateChannel(g.addresses[i], grpc::InsecureChannelCredentials()));
       grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      DirectCall(ctx);
       pb::LlmForwardResponse resp;
       out[i] = stub->Forward(&ctx, req, &resp);
     });
@@ -149,16 +157,19 @@ TEST(LlmWorkerValidation, MalformedMessagesAreRejectedAndTheWorkerKeepsServing) 
     m.add_src(3);
     m.add_dst(16);  // beyond the sequence's length
     grpc::ClientContext ctx;
+    DirectCall(ctx);
     pb::LlmMoveKvResponse resp;
     EXPECT_EQ(stub->MoveKv(&ctx, m, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     m.set_dst(0, 2);
     m.set_block_table(0, 99999);
     grpc::ClientContext ctx2;
+    DirectCall(ctx2);
     EXPECT_EQ(stub->MoveKv(&ctx2, m, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   }
   {
     pb::LlmJoinRequest j;  // epoch 0, no workers
     grpc::ClientContext ctx;
+    DirectCall(ctx);
     pb::LlmJoinResponse resp;
     EXPECT_EQ(stub->Join(&ctx, j, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   }
@@ -184,6 +195,7 @@ TEST(LlmWorkerFaults, CollectiveWithAnAbsentPeerTimesOutAndTheWorkerRejoins) {
       grpc::CreateChannel(group->addresses[0], grpc::InsecureChannelCredentials()));
   const auto t0 = Clock::now();
   grpc::ClientContext ctx;
+  DirectCall(ctx);
   pb::LlmForwardResponse resp;
   grpc::Status s = stub->Forward(&ctx, ValidRequest((*remote)->epoch()), &resp);
   const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -191,6 +203,7 @@ TEST(LlmWorkerFaults, CollectiveWithAnAbsentPeerTimesOutAndTheWorkerRejoins) {
   EXPECT_GE(waited, 2.5);  // the group's collective timeout is 3 s
   EXPECT_LT(waited, 10.0);
   grpc::ClientContext hctx;
+  DirectCall(hctx);
   pb::LlmHealthResponse health;
   ASSERT_TRUE(stub->Health(&hctx, pb::LlmHealthRequest(), &health).ok());
   EXPECT_FALSE(health.in_group());
@@ -432,6 +445,7 @@ TEST(LlmWorkerFaults, RendezvousWorkerRestartAndDrain) {
   auto stub = pb::LlmWorker::NewStub(
       grpc::CreateChannel(group->addresses[1], grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
+  DirectCall(ctx);
   pb::LlmDrainResponse dr;
   ASSERT_TRUE(stub->Drain(&ctx, pb::LlmDrainRequest(), &dr).ok());
   const SeqId fresh = kv.AddSequence();
