@@ -230,6 +230,22 @@ void SpecController::ObserveBudgetTree(const std::string& key, int32_t budget,
   draft_node_seconds_[key].Add(draft_seconds / nodes, kGlobalAlpha * 4);
 }
 
+int64_t SpecController::ProbePeriod(size_t n, double base_tokens) const {
+  const auto candidates = static_cast<int64_t>(n);
+  int64_t period = std::max<int64_t>(kProbePeriod, candidates * kProbeEvery);
+  const double step = cost_.Predict(base_tokens) + overhead_.value;
+  if (step <= 0) return period;
+  // A token's marginal pass time here, over 8 tokens (the cost model's points are per count).
+  const double per_token =
+      std::max(cost_.Predict(base_tokens + 8) - cost_.Predict(base_tokens), 0.0) / 8;
+  // n candidates probing once per `period` steps add n * kProbeTokens * per_token / period.
+  const double needed = static_cast<double>(candidates) * kProbeTokens * per_token /
+                        (kProbeShare * step);
+  if (needed > static_cast<double>(period))
+    period = std::min<int64_t>(static_cast<int64_t>(std::ceil(needed)), kMaxProbePeriod);
+  return std::max<int64_t>(period, 1);
+}
+
 int64_t SpecController::ProbeBackoff(const std::string& key, bool dynamic) const {
   // Only trees that drafted something count: a prompt lookup without a match proposes nothing
   // and costs nothing, so it is no reason to probe less (it was, and a sequence whose first
@@ -317,11 +333,12 @@ SpecController::Choice SpecController::ChooseBudgets(std::span<const Candidate> 
     }
   }
   const std::vector<int32_t> taken = Allocate(r, m, s, base_tokens, max_tokens, ch);
+  const int64_t period = ProbePeriod(n, base_tokens);
   for (size_t i = 0; i < n; ++i) {
     const Candidate& c = candidates[i];
     int32_t b = taken[i];
     // Probes: twice the budget (at least 2), now and then, staggered across sequences.
-    if (Probes(c, n, ProbeBackoff(*c.key, /*dynamic=*/true))) {
+    if (Probes(c, period, ProbeBackoff(*c.key, /*dynamic=*/true))) {
       b = std::max(2 * b, 2);
       ch.probed = true;
     }
@@ -382,9 +399,10 @@ SpecController::Choice SpecController::Choose(std::span<const Candidate> candida
   for (size_t i = 0; i < n; ++i) ch.depth[i] = taken[i];
 
   // Probes: one level deeper than chosen, now and then, staggered across sequences.
+  const int64_t period = ProbePeriod(n, base_tokens);
   for (size_t i = 0; i < n; ++i) {
     const Candidate& c = candidates[i];
-    if (ch.depth[i] < c.max_depth && Probes(c, n, ProbeBackoff(*c.key, /*dynamic=*/false))) {
+    if (ch.depth[i] < c.max_depth && Probes(c, period, ProbeBackoff(*c.key, /*dynamic=*/false))) {
       ++ch.depth[i];
       ch.probed = true;
     }

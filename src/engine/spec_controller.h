@@ -24,10 +24,12 @@
 // Exploration: a sequence whose cap sits below what it may use probes one level deeper every
 // kProbePeriod of the controller's steps, or every kProbeEvery x (candidates) steps when the batch
 // is larger (staggered across sequences by id, so that short requests probe too; about one
-// probe every kProbeEvery steps then), so a speculator that failed for a while
-// can come back and t(T) keeps being measured beyond the chosen counts. A speculator set whose
-// drafts mostly fail probes up to kMaxProbeBackoff times less often (ProbeBackoff): on free text
-// the probes were the whole cost of having speculation on (1-5% more pass tokens, none accepted).
+// probe every kProbeEvery steps then), so a speculator that failed for a while can come back and
+// t(T) keeps being measured beyond the chosen counts. Where the pass is compute-bound, probes
+// come rarer still, so that they cost at most kProbeShare of the step time (ProbePeriod). A
+// speculator set whose drafts mostly fail probes up to kMaxProbeBackoff times less often
+// (ProbeBackoff): on free text the probes were the whole cost of having speculation on (1-5%
+// more pass tokens, none accepted).
 //
 // Dynamic trees (SpecBudgetMode::kDynamic, spec/dynamic_tree.h): the controller picks a node
 // budget b_i per sequence instead of a depth (0: plain decoding), by the same greedy increments
@@ -153,6 +155,9 @@ class SpecController {
   static constexpr int32_t kProbeEvery = 4;  // steps per probe, at least, across the batch
   static constexpr double kProbeHit = 0.3;       // first-level hit rate below which probes thin
   static constexpr int64_t kMaxProbeBackoff = 16;  // out, down to 1/16 of the base rate
+  static constexpr double kProbeShare = 0.005;  // of step time that probes may cost at most
+  static constexpr double kProbeTokens = 2;     // pass tokens a probe adds, about
+  static constexpr int64_t kMaxProbePeriod = 1024;  // steps; before the backoff
   static constexpr double kMinGain = 1.1;       // predicted tok/s over plain needed to speculate
   static constexpr double kSeqAlpha = 0.25;     // per-sequence acceptance
   static constexpr double kGlobalAlpha = 0.05;  // per-speculator-set acceptance
@@ -239,17 +244,20 @@ class SpecController {
                                 const std::vector<std::vector<double>>& m,
                                 const std::vector<double>& s, double base_tokens,
                                 int32_t max_tokens, Choice& ch) const;
-  // The probe clock: whether candidate `c` of `n` probes at this choice. The period grows with
-  // the batch (one probe every kProbeEvery steps on average) so that exploring costs a large
-  // batch no more pass tokens than a small one; the speculator set's shared prior still learns
-  // from every probe.
-  // `backoff` (1..kMaxProbeBackoff) stretches the period for a speculator set whose drafts fail
-  // (ProbeBackoff).
-  bool Probes(const Candidate& c, size_t n, int64_t backoff) const {
-    const int64_t period =
-        std::max<int64_t>(kProbePeriod, static_cast<int64_t>(n) * kProbeEvery) * backoff;
+  // The probe clock: whether candidate `c` probes at this choice, once per `period` choices
+  // (ProbePeriod) times `backoff` (1..kMaxProbeBackoff, for a speculator set whose drafts fail:
+  // ProbeBackoff), staggered across sequences by id.
+  bool Probes(const Candidate& c, int64_t period, int64_t backoff) const {
+    period *= backoff;
     return (choices_ + static_cast<int64_t>(c.id % static_cast<uint64_t>(period))) % period == 0;
   }
+  // Choices between two probes of one of `n` candidates in a pass of `base_tokens` other tokens:
+  // at least kProbePeriod, and kProbeEvery x n for a larger batch (one probe every kProbeEvery
+  // steps on average; the speculator set's shared prior learns from every probe), and as many
+  // more as keep the probes' predicted pass time within kProbeShare of the step's. In a
+  // compute-bound batch of 16 a probe's two tokens cost ~12% of a pass, and one every 4 steps
+  // was the 1-3% that speculation lost there against plain decoding (measured).
+  int64_t ProbePeriod(size_t n, double base_tokens) const;
   // How much rarer probes of speculator set `key` are: kProbeHit over the share of its drafted
   // trees whose first level was accepted (for dynamic trees: accepted tokens per drafted tree;
   // a tree without nodes costs nothing and does not count), between 1 and

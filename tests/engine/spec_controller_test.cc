@@ -150,7 +150,7 @@ TEST(SpecController, GrowsWithAcceptanceBetweenTheExtremes) {
 
 TEST(SpecController, ProbesOneLevelDeeperEveryPeriod) {
   SpecController c;
-  WithCost(c, 0.0, 0.001);
+  WithCost(c, 0.020, 0.0001);
   const std::string key = "ngram";
   std::vector<AcceptanceModel> own(1, Seen(20, 4, 0));
   int probes = 0;
@@ -170,16 +170,16 @@ TEST(SpecController, ProbesThinOutWhileTheSpeculatorSetFails) {
   auto count_probes = [&](SpecController& c) {
     int probes = 0;
     for (int32_t step = 0; step < 16 * SpecController::kProbePeriod; ++step)
-      probes += c.Choose(Candidates(own, key, kChain4), 1, 0, 512).depth[0];
+      probes += c.Choose(Candidates(own, key, kChain4), 1, 0, 512).probed ? 1 : 0;
     return probes;
   };
   SpecController failing;
-  WithCost(failing, 0.0, 0.001);
+  WithCost(failing, 0.020, 0.0001);
   for (int i = 0; i < 30; ++i)
     failing.ObserveTree(key, 1, std::vector<int32_t>{1}, 0, 0.0001);
   EXPECT_EQ(count_probes(failing), 16 / SpecController::kMaxProbeBackoff);
   SpecController hitting;
-  WithCost(hitting, 0.0, 0.001);
+  WithCost(hitting, 0.020, 0.0001);
   for (int i = 0; i < 30; ++i)
     hitting.ObserveTree(key, 1, std::vector<int32_t>{1}, i % 2, 0.0001);  // half hit
   EXPECT_EQ(count_probes(hitting), 16);
@@ -192,15 +192,15 @@ TEST(SpecController, ProbesWithoutADraftDoNotThinTheProbes) {
   const std::string key = "ngram";
   std::vector<AcceptanceModel> own(1, Seen(20, 4, 0));
   SpecController c;
-  WithCost(c, 0.0, 0.001);
+  WithCost(c, 0.020, 0.0001);
   for (int i = 0; i < 30; ++i) c.ObserveTree(key, 1, std::vector<int32_t>{0}, 0, 0.0001);
   int probes = 0;
   for (int32_t step = 0; step < 16 * SpecController::kProbePeriod; ++step)
-    probes += c.Choose(Candidates(own, key, kChain4), 1, 0, 512).depth[0];
+    probes += c.Choose(Candidates(own, key, kChain4), 1, 0, 512).probed ? 1 : 0;
   EXPECT_EQ(probes, 16);
 
   SpecController d;
-  WithCost(d, 0.0, 0.001);
+  WithCost(d, 0.020, 0.0001);
   for (int i = 0; i < 30; ++i) d.ObserveBudgetTree(key, 2, {}, 0, 0.0001);
   std::vector<SpecController::Candidate> cs = Candidates(own, key, kChain4);
   BudgetAcceptanceModel own_budget;
@@ -208,8 +208,41 @@ TEST(SpecController, ProbesWithoutADraftDoNotThinTheProbes) {
   cs[0].max_nodes = 16;
   probes = 0;
   for (int32_t step = 0; step < 16 * SpecController::kProbePeriod; ++step)
-    probes += d.ChooseBudgets(cs, 1, 0, 512).nodes[0] > 0 ? 1 : 0;
+    probes += d.ChooseBudgets(cs, 1, 0, 512).probed ? 1 : 0;
   EXPECT_EQ(probes, 16);
+}
+
+TEST(SpecController, ProbesOfAComputeBoundBatchStayWithinTheirShareOfTheStepTime) {
+  // 16 sequences whose drafts never hit, so every deeper level is a probe. Memory-bound passes
+  // (20 ms + 0.1 ms per token): the base rate, one probe every kProbeEvery steps. Compute-bound
+  // passes (1 ms per token, a probe's tokens ~12% of a 16-token pass): probes so rare that their
+  // tokens cost at most kProbeShare of the steps' time.
+  const std::string key = "ngram";
+  const std::vector<AcceptanceModel> own(16, Seen(20, 4, 0));
+  const int32_t steps = 64 * 16;
+  auto probe_tokens = [&](SpecController& c) {
+    int64_t tokens = 0, probes = 0;
+    for (int32_t step = 0; step < steps; ++step) {
+      const SpecController::Choice ch = c.Choose(Candidates(own, key, kChain4), 16, 0, 512);
+      tokens += ch.budget_tokens;
+      probes += ch.probed ? 1 : 0;
+    }
+    return std::pair{tokens, probes};
+  };
+  SpecController memory_bound;
+  WithCost(memory_bound, 0.020, 0.0001);
+  const auto [m_tokens, m_probes] = probe_tokens(memory_bound);
+  EXPECT_EQ(m_tokens, steps / SpecController::kProbeEvery);  // one token each
+  EXPECT_GE(m_probes, steps / SpecController::kProbeEvery / 2);
+
+  SpecController compute_bound;
+  WithCost(compute_bound, 0.0, 0.001);
+  const auto [c_tokens, c_probes] = probe_tokens(compute_bound);
+  EXPECT_GT(c_tokens, 0);  // still exploring
+  // Each probe token costs 1 ms beside a 16 ms step.
+  const double share = static_cast<double>(c_tokens) * 0.001 / (steps * 0.016);
+  EXPECT_LE(share, SpecController::kProbeShare) << c_tokens << " probe tokens";
+  EXPECT_LT(c_tokens, m_tokens / 4);
 }
 
 TEST(SpecController, PrefillTokensInThePassDoNotMakeTreesLookCheap) {
