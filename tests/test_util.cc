@@ -4,11 +4,13 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "backend/cpu/cpu_runner.h"
+#include "model/gguf_writer.h"
 
 namespace specinfer::testing {
 
@@ -103,6 +105,58 @@ std::vector<float> PromptLogits(ModelRunner& runner, KvCacheManager& kv,
   kv.RemoveSequence(s);
   EXPECT_TRUE(st.ok()) << st.ToString();
   return st.ok() ? logits : std::vector<float>();
+}
+
+void WriteDraftVocabGguf(const std::string& llama2c_path, const std::vector<int32_t>& table,
+                         const std::filesystem::path& path) {
+  std::ifstream in(llama2c_path, std::ios::binary);
+  int32_t h[7];
+  in.read(reinterpret_cast<char*>(h), sizeof(h));
+  const int64_t dim = h[0], hidden = h[1], layers = h[2], heads = h[3], kv_heads = h[4],
+                vocab = std::abs(h[5]), seq = h[6];
+  const int64_t kv_dim = dim / heads * kv_heads;
+  auto read = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    in.read(reinterpret_cast<char*>(v.data()), n * 4);
+    return v;
+  };
+  const std::vector<float> emb = read(vocab * dim), rms_att = read(layers * dim),
+                           wq = read(layers * dim * dim), wk = read(layers * kv_dim * dim),
+                           wv = read(layers * kv_dim * dim), wo = read(layers * dim * dim),
+                           rms_ffn = read(layers * dim), w1 = read(layers * hidden * dim),
+                           w2 = read(layers * dim * hidden), w3 = read(layers * hidden * dim),
+                           rms_final = read(dim);
+  ASSERT_TRUE(in.good()) << llama2c_path << " is shorter than its header says";
+  std::vector<float> rows(table.size() * static_cast<size_t>(dim), 0.0f);
+  for (size_t r = 0; r < table.size(); ++r)
+    if (table[r] >= 0)
+      std::memcpy(&rows[r * dim], &emb[static_cast<size_t>(table[r]) * dim], dim * 4);
+  GgufWriter g;
+  g.KvString("general.architecture", "llama");
+  g.KvU32("llama.block_count", static_cast<uint32_t>(layers));
+  g.KvU32("llama.context_length", static_cast<uint32_t>(seq));
+  g.KvU32("llama.embedding_length", static_cast<uint32_t>(dim));
+  g.KvU32("llama.feed_forward_length", static_cast<uint32_t>(hidden));
+  g.KvU32("llama.attention.head_count", static_cast<uint32_t>(heads));
+  g.KvU32("llama.attention.head_count_kv", static_cast<uint32_t>(kv_heads));
+  g.KvF32("llama.rope.freq_base", 10000.0f);
+  g.KvF32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  g.KvI32Array("specinfer.draft_token_ids", table);
+  g.Tensor("token_embd.weight", {dim, static_cast<int64_t>(table.size())}, rows.data());
+  g.Tensor("output_norm.weight", {dim}, rms_final.data());
+  for (int64_t l = 0; l < layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    g.Tensor(p + "attn_norm.weight", {dim}, &rms_att[l * dim]);
+    g.Tensor(p + "attn_q.weight", {dim, dim}, &wq[l * dim * dim]);
+    g.Tensor(p + "attn_k.weight", {dim, kv_dim}, &wk[l * kv_dim * dim]);
+    g.Tensor(p + "attn_v.weight", {dim, kv_dim}, &wv[l * kv_dim * dim]);
+    g.Tensor(p + "attn_output.weight", {dim, dim}, &wo[l * dim * dim]);
+    g.Tensor(p + "ffn_norm.weight", {dim}, &rms_ffn[l * dim]);
+    g.Tensor(p + "ffn_gate.weight", {dim, hidden}, &w1[l * hidden * dim]);
+    g.Tensor(p + "ffn_down.weight", {hidden, dim}, &w2[l * dim * hidden]);
+    g.Tensor(p + "ffn_up.weight", {dim, hidden}, &w3[l * hidden * dim]);
+  }
+  WriteFile(path, g.Finish());
 }
 
 std::vector<float> LastLogits(std::shared_ptr<const Model> model,

@@ -38,6 +38,14 @@ std::filesystem::path ScratchDir(const std::string& name);
 // Writes `bytes` to `path`, creating its parent directories.
 void WriteFile(const std::filesystem::path& path, const std::string& bytes);
 
+// A GGUF draft model with its own vocabulary (spec/draft_vocab.h) made from the llama2.c
+// checkpoint `llama2c_path` (float32, shared classifier): row r of its embedding is the
+// checkpoint's row table[r] (zeros for -1, the "other tokens" row), with
+// `specinfer.draft_token_ids` = table and the same layers. So for a context of tokens in the
+// table it computes the checkpoint's logits at those tokens. Written to `path`.
+void WriteDraftVocabGguf(const std::string& llama2c_path, const std::vector<int32_t>& table,
+                         const std::filesystem::path& path);
+
 // Runs `tokens` as the prompt of a fresh sequence in one pass (positions 0..n-1) and returns the
 // logits of `rows` ([rows.size(), vocab], row-major); the sequence is removed afterwards. Test
 // failures are reported through gtest; an empty vector comes back on error.

@@ -120,6 +120,13 @@ StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g) {
     c.vocab_size = static_cast<int32_t>(emb->dims[1]);
   }
   c.tied_output = g.FindTensor("output.weight") == nullptr;
+  if (g.Find("specinfer.draft_token_ids") != nullptr) {
+    SI_ASSIGN_OR_RETURN(c.draft_token_ids, g.GetI32Array("specinfer.draft_token_ids"));
+    if (static_cast<int32_t>(c.draft_token_ids.size()) != c.vocab_size)
+      return DataLossError("GGUF '" + g.path() + "': specinfer.draft_token_ids has " +
+                           std::to_string(c.draft_token_ids.size()) + " entries for " +
+                           std::to_string(c.vocab_size) + " vocabulary rows");
+  }
   if (arch == "gemma2" || arch == "gemma3") {
     SI_RETURN_IF_ERROR(GemmaSettings(g, arch, c));
   }

@@ -1,5 +1,6 @@
 #include "model/loader.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -49,8 +50,20 @@ StatusOr<LoadedModel> LoadModelAndTokenizer(const std::string& model_path,
     }
     SI_ASSIGN_OR_RETURN(out.model, ModelFromGguf(*gguf));
     if (want_tokenizer && tokenizer_path.empty()) {
-      SI_ASSIGN_OR_RETURN(out.tokenizer,
-                          TokenizerFromGguf(*gguf, out.model->config().vocab_size));
+      // A draft with its own vocabulary (spec/draft_vocab.h) carries the LLM's whole tokenizer,
+      // which must hold every token of its table.
+      const std::vector<int32_t>& draft_ids = out.model->config().draft_token_ids;
+      int32_t tokens = out.model->config().vocab_size;
+      if (!draft_ids.empty()) {
+        const GgufValue* t = gguf->Find("tokenizer.ggml.tokens");
+        tokens = t != nullptr ? static_cast<int32_t>(t->size()) : 0;
+        const int32_t largest = *std::max_element(draft_ids.begin(), draft_ids.end());
+        if (largest >= tokens)
+          return InvalidArgumentError("GGUF '" + model_path + "': its draft vocabulary names " +
+                                      "token " + std::to_string(largest) + " but its tokenizer " +
+                                      "has " + std::to_string(tokens) + " tokens");
+      }
+      SI_ASSIGN_OR_RETURN(out.tokenizer, TokenizerFromGguf(*gguf, tokens));
     }
     out.chat_template = std::move(chat_template);
   } else if (out.format == ModelFormat::kHfDirectory) {
@@ -102,6 +115,10 @@ StatusOr<LoadedModel> LoadModelForServing(const std::string& model_path,
   if (!loaded.ok() && o.tokenizer_optional) loaded = LoadModelAndTokenizer(model_path, "-");
   SI_RETURN_IF_ERROR(loaded.status());
   LoadedModel out = std::move(loaded).value();
+  if (!o.draft && !out.model->config().draft_token_ids.empty())
+    return InvalidArgumentError("'" + model_path + "' is a draft model with its own vocabulary "
+                                "(specinfer.draft_token_ids): use it as a draft (--draft "
+                                "model:PATH), not as the model");
   if (o.context_length > 0 && o.context_length < out.model->config().max_seq_len)
     out.model->set_context_length(o.context_length);
   if (o.prefault) out.model->Prefault(o.progress);

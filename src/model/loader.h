@@ -51,6 +51,9 @@ struct ServingLoadOptions {
   // Converts every weight matrix to float32 (model/dequantize.h; 4 bytes per weight), after the
   // prefault.
   bool dequantize = false;
+  // A draft model with its own vocabulary (ModelConfig::draft_token_ids) is refused unless this
+  // says the model is loaded as a draft: as the LLM its output rows would be read as token ids.
+  bool draft = false;
 };
 
 // Loads `model_path` and its tokenizer, then shortens the context, prefaults and dequantises as

@@ -55,6 +55,10 @@ struct ModelConfig {
   float norm_eps = 1e-5f;
   RopeStyle rope_style = RopeStyle::kInterleaved;
   bool tied_output = true;  // output matrix is the token embedding
+  // A draft model's own vocabulary (GGUF `specinfer.draft_token_ids`, spec/draft_vocab.h): row
+  // r of its embedding and output is the LLM's token draft_token_ids[r] (-1: any other token).
+  // Empty: rows are token ids, as in every ordinary model.
+  std::vector<int32_t> draft_token_ids;
   bool attention_bias = false;  // q/k/v projections carry biases (Qwen2)
   RopeScaling rope_scaling;     // from config.json's rope_scaling / GGUF rope.scaling.*
   // Per-pair divisors of the inverse frequencies (GGUF `rope_freqs.weight`, llama.cpp's

@@ -8,6 +8,7 @@
 #include "backend/registry.h"
 #include "kv/kv_cache.h"
 #include "model/loader.h"
+#include "spec/draft_vocab.h"
 #include "spec/dynamic_tree.h"
 #include "spec/ngram.h"
 #include "spec/spec_grammar.h"
@@ -62,13 +63,17 @@ struct DraftRun {
 class ModelSpeculator final : public Speculator {
  public:
   // The cache takes the runner's KV geometry, sized for `max_sessions` full contexts.
+  // `vocab`: the draft's own vocabulary, if it has one (its tokens are mapped on the way in and
+  // its logits widened to the LLM's ids on the way out).
   ModelSpeculator(std::string name, std::shared_ptr<const Model> model,
-                  std::unique_ptr<ModelRunner> runner, int32_t max_sessions)
+                  std::unique_ptr<ModelRunner> runner, int32_t max_sessions,
+                  std::optional<DraftVocab> vocab)
       : name_(std::move(name)),
         model_(std::move(model)),
         runner_(std::move(runner)),
         kv_(runner_->num_kv_blocks(), runner_->kv_block_size()),
-        max_sessions_(max_sessions) {}
+        max_sessions_(max_sessions),
+        vocab_(std::move(vocab)) {}
 
   const std::string& name() const override { return name_; }
   // The cache has room for max_sessions full contexts, not more: a session beyond them would
@@ -107,6 +112,14 @@ class ModelSpeculator final : public Speculator {
   // tokens, its tree ancestors and itself.
   Status AddLevel(DraftRun& r, const TokenTree& tree, std::span<const int32_t> nodes,
                   ForwardBatch& batch);
+  // The width of the logits this speculator hands on: the LLM's vocabulary with a draft
+  // vocabulary, else the draft model's own.
+  int32_t vocab() const {
+    return vocab_ ? vocab_->llm_vocab() : model_->config().vocab_size;
+  }
+  // The draft's runner on `batch`, with `batch`'s tokens in LLM ids: they are mapped to draft
+  // rows first and the logits widened into `logits` ([logits rows, vocab()]).
+  Status Forward(ForwardBatch& batch, std::vector<float>& logits);
 
   std::string name_;
   std::shared_ptr<const Model> model_;
@@ -115,6 +128,8 @@ class ModelSpeculator final : public Speculator {
   const int32_t max_sessions_;
   std::atomic<int32_t> live_sessions_{0};
   std::vector<float> pass_logits_;  // the last shared pass's rows, [rows, vocab]
+  const std::optional<DraftVocab> vocab_;
+  std::vector<float> draft_logits_;  // with vocab_: the runner's own rows
 };
 
 ModelDraftSession::~ModelDraftSession() { owner_.EndSession(seq_); }
@@ -173,9 +188,20 @@ std::vector<StatusOr<TokenTree>> ModelSpeculator::ProposeBatch(
   return out;
 }
 
+Status ModelSpeculator::Forward(ForwardBatch& batch, std::vector<float>& logits) {
+  const size_t rows = batch.logit_rows.size();
+  logits.resize(rows * static_cast<size_t>(vocab()));
+  if (!vocab_) return runner_->Forward(batch, kv_, logits);
+  for (int32_t& t : batch.tokens) t = vocab_->ToDraft(t);
+  draft_logits_.resize(rows * static_cast<size_t>(vocab_->size()));
+  SI_RETURN_IF_ERROR(runner_->Forward(batch, kv_, draft_logits_));
+  vocab_->WidenLogits(draft_logits_, rows, logits);
+  return Status::Ok();
+}
+
 void ModelSpeculator::DraftWave(std::span<DraftRun> runs) {
   const ModelConfig& c = model_->config();
-  const int32_t vocab = c.vocab_size;
+  const int32_t vocab = this->vocab();
   for (DraftRun& r : runs) {
     r.n = static_cast<int32_t>(r.ctx->tokens.size());
     r.tree = TokenTree(r.ctx->tokens.back());
@@ -210,8 +236,7 @@ void ModelSpeculator::DraftWave(std::span<DraftRun> runs) {
       in_pass.push_back(&r);
     }
     if (in_pass.empty()) break;
-    pass_logits_.resize(batch.logit_rows.size() * static_cast<size_t>(vocab));
-    const Status s = runner_->Forward(batch, kv_, pass_logits_);
+    const Status s = Forward(batch, pass_logits_);
     size_t row = 0;
     for (DraftRun* r : in_pass) {
       const auto count = static_cast<int32_t>(r->fresh.size());
@@ -234,7 +259,7 @@ void ModelSpeculator::CatchUp(std::span<DraftRun> runs) {
   // Catch-ups of fewer tokens than this share one batch-invariant pass (what a lone one of them
   // would run); longer ones are prompts and run alone with the faster batch-dependent kernels.
   constexpr int32_t kShared = 16;
-  const int32_t vocab = model_->config().vocab_size;
+  const int32_t vocab = this->vocab();
   ForwardBatch batch;
   std::vector<DraftRun*> shared;
   std::vector<int32_t> pos;
@@ -271,8 +296,7 @@ void ModelSpeculator::CatchUp(std::span<DraftRun> runs) {
   }
   if (shared.empty()) return;
   batch.batch_invariant = true;
-  pass_logits_.resize(shared.size() * static_cast<size_t>(vocab));
-  const Status s = runner_->Forward(batch, kv_, pass_logits_);
+  const Status s = Forward(batch, pass_logits_);
   for (size_t i = 0; i < shared.size(); ++i) {
     DraftRun& r = *shared[i];
     if (!s.ok()) {
@@ -291,7 +315,6 @@ Status ModelSpeculator::CatchUpAlone(DraftRun& r, int32_t common) {
   const std::span<const int32_t> tokens = r.ctx->tokens;
   const SeqId seq = r.session->seq();
   std::vector<int32_t>& cached = r.session->cached();
-  r.own.resize(static_cast<size_t>(model_->config().vocab_size));
   constexpr int32_t kChunk = 512;
   for (int32_t begin = common; begin < r.n; begin += kChunk) {
     const int32_t count = std::min(kChunk, r.n - begin);
@@ -305,7 +328,7 @@ Status ModelSpeculator::CatchUpAlone(DraftRun& r, int32_t common) {
     // Draft outputs need not be batch-invariant (verification makes the result exact), so long
     // catch-ups (the prompt) may use the faster batch-dependent kernels.
     batch.batch_invariant = count < 16;
-    SI_RETURN_IF_ERROR(runner_->Forward(batch, kv_, r.own));
+    SI_RETURN_IF_ERROR(Forward(batch, r.own));
     cached.insert(cached.end(), tokens.begin() + begin, tokens.begin() + begin + count);
   }
   r.rows = r.own;
@@ -313,7 +336,7 @@ Status ModelSpeculator::CatchUpAlone(DraftRun& r, int32_t common) {
 }
 
 void ModelSpeculator::ExpandLevel(DraftRun& r, int32_t level) {
-  const auto vocab = static_cast<size_t>(model_->config().vocab_size);
+  const auto vocab = static_cast<size_t>(this->vocab());
   const int32_t k = r.ctx->shape->widths[static_cast<size_t>(level)];
   r.fresh.clear();
   for (size_t f = 0; f < r.frontier.size(); ++f) {
@@ -325,14 +348,12 @@ void ModelSpeculator::ExpandLevel(DraftRun& r, int32_t level) {
 }
 
 void ModelSpeculator::GrowDynamic(DraftRun& r) {
-  const auto vocab = static_cast<size_t>(model_->config().vocab_size);
   // One round of the growth: its nodes in a pass of their own, as a static level would run.
   auto run = [&](const TokenTree& t, std::span<const int32_t> nodes,
                  std::vector<float>& out) -> Status {
     ForwardBatch batch;
     SI_RETURN_IF_ERROR(AddLevel(r, t, nodes, batch));
-    out.resize(nodes.size() * vocab);
-    SI_RETURN_IF_ERROR(runner_->Forward(batch, kv_, out));
+    SI_RETURN_IF_ERROR(Forward(batch, out));
     r.window += static_cast<int32_t>(nodes.size());
     return Status::Ok();
   };
@@ -406,9 +427,9 @@ class NgramSpeculator final : public Speculator {
   int32_t max_ngram_;
 };
 
-StatusOr<std::unique_ptr<Speculator>> CreateModelSpeculator(std::string name,
-                                                            std::shared_ptr<const Model> model,
-                                                            const SpeculatorOptions& o) {
+StatusOr<std::unique_ptr<Speculator>> CreateModelSpeculator(
+    std::string name, std::shared_ptr<const Model> model, const SpeculatorOptions& o,
+    std::optional<DraftVocab> vocab = std::nullopt) {
   const ModelConfig& c = model->config();
   if (o.kv_block_size <= 0 || o.max_sequences <= 0)
     return InvalidArgumentError("draft KV cache needs positive block size and sequence count");
@@ -422,8 +443,8 @@ StatusOr<std::unique_ptr<Speculator>> CreateModelSpeculator(std::string name,
   SI_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, CreateRunner(o.backend, model, ro));
   if (runner->num_kv_blocks() <= 0 || runner->kv_block_size() <= 0)
     return InternalError("draft runner " + runner->name() + " reports no KV storage");
-  return std::unique_ptr<Speculator>(
-      new ModelSpeculator(std::move(name), std::move(model), std::move(runner), o.max_sequences));
+  return std::unique_ptr<Speculator>(new ModelSpeculator(
+      std::move(name), std::move(model), std::move(runner), o.max_sequences, std::move(vocab)));
 }
 
 }  // namespace
@@ -494,12 +515,19 @@ StatusOr<std::unique_ptr<Speculator>> CreateSpeculator(std::string_view spec,
   lo.tokenizer_optional = true;
   lo.context_length = lc.max_seq_len;
   lo.prefault = true;
+  lo.draft = true;
   SI_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelForServing(d.model_path, lo));
   std::unique_ptr<Model> draft = std::move(loaded.model);
   std::unique_ptr<Tokenizer> draft_tokenizer = std::move(loaded.tokenizer);
   const ModelConfig& dc = draft->config();
   const std::string share = "; a draft must share the model's vocabulary";
-  if (dc.vocab_size != lc.vocab_size)
+  // A draft with a vocabulary of its own: a table of the model's token ids (spec/draft_vocab.h).
+  std::optional<DraftVocab> vocab;
+  if (!dc.draft_token_ids.empty()) {
+    StatusOr<DraftVocab> v = DraftVocab::Create(dc.draft_token_ids, lc.vocab_size);
+    if (!v.ok()) return v.status().WithContext("draft '" + std::string(spec) + "'");
+    vocab = std::move(v).value();
+  } else if (dc.vocab_size != lc.vocab_size)
     return InvalidArgumentError("draft '" + std::string(spec) + "' has a vocabulary of " +
                                 std::to_string(dc.vocab_size) + " tokens, the model " +
                                 std::to_string(lc.vocab_size) + share);
@@ -519,7 +547,7 @@ StatusOr<std::unique_ptr<Speculator>> CreateSpeculator(std::string_view spec,
     }
   }
   return CreateModelSpeculator(std::string(spec), std::shared_ptr<const Model>(std::move(draft)),
-                               o);
+                               o, std::move(vocab));
 }
 
 }  // namespace specinfer

@@ -31,6 +31,15 @@ class GgufWriter {
     Raw(&v, 4);
     ++kvs_;
   }
+  void KvI32Array(const std::string& k, const std::vector<int32_t>& v) {
+    Key(k);
+    U32(9);  // array
+    U32(5);  // of int32
+    const uint64_t n = v.size();
+    Raw(&n, 8);
+    Raw(v.data(), v.size() * sizeof(int32_t));
+    ++kvs_;
+  }
   // A float32 tensor with ggml dims (dims[0] innermost).
   void Tensor(const std::string& name, std::vector<int64_t> dims, const float* data) {
     int64_t n = 1;
