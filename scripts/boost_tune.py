@@ -1,0 +1,768 @@
+#!/usr/bin/env python3
+"""Boost-tuned small speculative models (SSMs) for the LLM that specinfer serves.
+
+    python3 scripts/boost_tune.py data  --model LLM.gguf --out WORK
+    python3 scripts/boost_tune.py train --model LLM.gguf --data WORK --out WORK/ssm [--ssms 3]
+    python3 scripts/boost_tune.py eval  --model LLM.gguf --data WORK --ssm WORK/ssm/ssm-0.gguf ...
+
+(`all` runs the three in turn.) Needs PyTorch, numpy, gguf and grpcio-tools
+(scripts/requirements-boost.txt); the daemon itself never depends on Python.
+
+What it does, after SpecInfer (Miao et al., ASPLOS 2024, "collective boost-tuning"):
+
+1. data: a prompt set made here from templates (chat questions, instructions, code, rewriting;
+   PROMPT_TEMPLATES x TOPICS, seeded), split by topic: every topic whose index is a multiple of 5
+   is held out for evaluation and never trained on. The LLM answers every prompt through a
+   `specinfer serve` it starts (gRPC, batched by continuous batching, 16 requests in flight):
+   greedy, and once more sampled at temperature 0.8, each output token with the LLM's top-20
+   log-probabilities. Written to WORK/data.jsonl (token ids: prompt rendered with the model's
+   ChatML template, output, and the top-20 alternatives per output token).
+2. train: SSM 0 is a small Llama-architecture model (default 4 layers, width 256, the LLM's
+   vocabulary; its embedding, tied to the output layer, starts as the LLM's token embedding
+   projected onto its top principal directions) trained by distillation: at every output
+   position, cross-entropy against the LLM's top-20 distribution (renormalised). Boosting: SSM k
+   is trained on the same data with each position weighted by how badly SSMs 0..k-1 did there,
+       w = 1                 where no earlier SSM has the LLM's token as its top-1,
+       w = BOOST_HIT_WEIGHT  (0.2) where one does,
+   so the later SSMs spend their capacity where the earlier ones disagree with the LLM and the
+   merged token tree covers more of the LLM's choices. (The paper filters the prompts on which
+   the earlier SSMs agreed; weighting positions keeps the data for the shared context the later
+   SSMs still have to model.) Each SSM is exported as GGUF (architecture llama, the LLM's
+   tokenizer metadata copied, so `--draft model:PATH` and SSM workers load it unchanged and the
+   vocabulary check passes; matrices Q8_0, norms F32).
+3. eval: on the held-out prompts, greedy, `specinfer generate --draft model:SSM ... --tree T`:
+   tokens per LLM pass and accepted tokens per depth for each SSM alone and for the merged set,
+   and decode tok/s against no draft.
+
+Seeds, data sizes and steps are pinned by the defaults; `--steps`, `--prompts` etc. shrink a run
+(the CI test trains stories260K for a few steps: tests/scripts/boost_tune_test.sh).
+"""
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BOOST_HIT_WEIGHT = 0.2
+TOP_K = 20
+
+# ---------------------------------------------------------------------------------------------
+# Prompts.
+
+TOPICS = [
+    "photosynthesis", "the water cycle", "black holes", "compound interest", "the French Revolution",
+    "machine learning", "volcanoes", "the immune system", "climate change", "the stock market",
+    "gravity", "honey bees", "the Roman Empire", "electric cars", "sleep", "coffee",
+    "the internet", "recycling", "the moon", "earthquakes", "vaccines", "chess", "rainbows",
+    "democracy", "the human heart", "solar panels", "inflation", "dinosaurs", "the ocean tides",
+    "meditation", "bread baking", "the printing press", "cryptography", "public libraries",
+    "bicycles", "friendship", "time management", "the Amazon rainforest", "music theory",
+    "plate tectonics", "nutrition", "the Renaissance", "space exploration", "batteries",
+    "language learning", "penguins", "the Olympic Games", "ancient Egypt", "wind energy",
+    "video games", "the periodic table", "mountains", "the human brain", "coral reefs",
+    "elections", "gardening", "airplanes", "DNA", "the seasons", "writing a resume",
+    "public speaking", "urban planning", "deserts", "tea", "smartphones", "the Great Wall of China",
+    "antibiotics", "saving money", "the solar system", "birds migrating", "glaciers", "robots",
+]
+
+PROMPT_TEMPLATES = {
+    "chat": [
+        "What is {t}?",
+        "Can you explain {t} in simple terms?",
+        "Why is {t} important?",
+        "How does {t} work?",
+        "What are three interesting facts about {t}?",
+        "Explain {t} to a ten-year-old.",
+        "What are the pros and cons of {t}?",
+        "What should a beginner know about {t}?",
+    ],
+    "instruction": [
+        "Write a short poem about {t}.",
+        "Write a short story that involves {t}.",
+        "Give me five tips related to {t}.",
+        "Write a paragraph for a school report on {t}.",
+        "Write a friendly email inviting a colleague to a talk about {t}.",
+        "Make a list of questions a student might ask about {t}.",
+        "Write a short blog post introduction about {t}.",
+    ],
+    "code": [
+        "Write a Python function that counts how often each word appears in a text about {t}.",
+        "Write a Python class that stores notes about {t} and can search them.",
+        "Write a JavaScript function that returns a random fact about {t} from a list.",
+        "Write a SQL table definition for a database of articles about {t}.",
+        "Write a Python script that reads a CSV file of measurements about {t} and prints the average.",
+    ],
+    "rewrite": [
+        "Rewrite this sentence in a formal tone: {t} is really cool and everybody should learn about it.",
+        "Summarize in one sentence why people study {t}.",
+        "Fix the grammar: me and my friend was reading a book about {t} yesterday.",
+        "Rewrite for a child: {t} is a subject with many fascinating and complex aspects.",
+        "Turn this into a question: {t} has changed the way we live.",
+    ],
+}
+
+SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def make_prompts(seed, limit=None):
+    """Every template x topic, shuffled with `seed`; split by topic (index % 5 == 0: held out)."""
+    out = []
+    for ti, topic in enumerate(TOPICS):
+        split = "heldout" if ti % 5 == 0 else "train"
+        for cat, templates in PROMPT_TEMPLATES.items():
+            for tmpl in templates:
+                out.append({"prompt": tmpl.format(t=topic), "category": cat, "split": split})
+    random.Random(seed).shuffle(out)
+    if limit is not None:
+        train = [p for p in out if p["split"] == "train"][:limit]
+        held = [p for p in out if p["split"] == "heldout"][: max(limit // 4, 1)]
+        out = train + held
+    return out
+
+
+def render_chatml(user):
+    return (f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
+            "<|im_start|>assistant\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# The LLM through specinfer's gRPC API.
+
+def specinfer_binary():
+    b = Path(os.environ.get("SPECINFER_BIN", REPO / "build" / "specinfer"))
+    if not b.exists():
+        sys.exit(f"boost_tune: {b} not found; build the project first (scripts/setup.sh)")
+    return b
+
+
+def grpc_modules(tmp):
+    from grpc_tools import protoc
+    proto_dir = REPO / "proto"
+    rc = protoc.main(["protoc", f"-I{proto_dir}", f"--python_out={tmp}", f"--grpc_python_out={tmp}",
+                      str(proto_dir / "specinfer.proto")])
+    if rc != 0:
+        sys.exit("boost_tune: protoc failed on proto/specinfer.proto")
+    sys.path.insert(0, str(tmp))
+    import specinfer_pb2
+    import specinfer_pb2_grpc
+    return specinfer_pb2, specinfer_pb2_grpc
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A `specinfer serve` of `model` with gRPC on a free port, stopped on exit."""
+
+    def __init__(self, model, threads, tmp, chat_template=None, tokenizer=None):
+        import grpc
+        self.pb, pbg = grpc_modules(tmp)
+        port = free_port()
+        cmd = [str(specinfer_binary()), "serve", "--model", str(model), "--port", "0",
+               "--grpc-port", str(port), "--threads", str(threads)]
+        if tokenizer:
+            cmd += ["--tokenizer", str(tokenizer)]
+        if chat_template:
+            cmd += ["--chat-template", chat_template]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.stub = pbg.SpecInferStub(self.channel)
+        deadline = time.time() + 120
+        while True:
+            if self.proc.poll() is not None:
+                sys.exit("boost_tune: specinfer serve exited: " + self.proc.stderr.read().decode())
+            try:
+                self.stub.Health(self.pb.HealthRequest(), timeout=2)
+                break
+            except grpc.RpcError:
+                if time.time() > deadline:
+                    sys.exit("boost_tune: specinfer serve did not become ready")
+                time.sleep(0.2)
+
+    def tokenize(self, text):
+        r = self.stub.Tokenize(self.pb.TokenizeRequest(text=text, add_bos=True, parse_special=True))
+        return list(r.token_ids)
+
+    def generate(self, prompt_ids, max_tokens, temperature, seed):
+        pb = self.pb
+        req = pb.GenerateRequest(tokens=pb.TokenIds(ids=prompt_ids), max_tokens=max_tokens,
+                                 logprobs=TOP_K,
+                                 sampling=pb.SamplingParams(temperature=temperature, seed=seed))
+        ids, top = [], []
+        for msg in self.stub.Generate(req, timeout=600):
+            ids.extend(msg.token_ids)
+            for lp in msg.logprobs:
+                top.append([[a.token_id, round(a.logprob, 4)] for a in lp.top])
+        return ids, top
+
+    def close(self):
+        self.channel.close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def cmd_data(args):
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = make_prompts(args.seed, args.prompts)
+    tmp = tempfile.mkdtemp(prefix="boost-")
+    chat = args.chat_template != "none"
+    server = Server(args.model, args.threads, tmp, args.chat_template if chat else None,
+                    args.tokenizer)
+    try:
+        if chat:
+            # The prompt rendering must be what the daemon renders for a chat request.
+            probe = subprocess.run(
+                [str(specinfer_binary()), "generate", "--model", str(args.model), "--chat",
+                 "--prompt", "Hello", "--max-tokens", "1", "--json"]
+                + (["--tokenizer", str(args.tokenizer)] if args.tokenizer else [])
+                + (["--chat-template", args.chat_template] if args.chat_template else []),
+                capture_output=True, text=True, check=True)
+            want = json.loads(probe.stdout)["prompt_tokens"]
+            got = server.tokenize(render_chatml("Hello"))
+            if want != got:
+                sys.exit("boost_tune: this script's ChatML rendering differs from the model's chat "
+                         f"template ({got[:12]}... vs {want[:12]}...); pass --chat-template none")
+        jobs = []
+        for i, p in enumerate(prompts):
+            text = render_chatml(p["prompt"]) if chat else p["prompt"]
+            ids = server.tokenize(text)
+            jobs.append((p, ids, 0.0, args.seed + i))
+            if p["split"] == "train" and args.sampled:
+                jobs.append((p, ids, 0.8, args.seed + 100000 + i))
+        lock = threading.Lock()
+        done = [0, 0]
+        t0 = time.time()
+        with open(out / "data.jsonl", "w") as f:
+            def run(job):
+                p, ids, temp, seed = job
+                gen, top = server.generate(ids, args.max_tokens, temp, seed)
+                rec = dict(p, temperature=temp, prompt_ids=ids, output_ids=gen, top=top)
+                with lock:
+                    f.write(json.dumps(rec) + "\n")
+                    done[0] += 1
+                    done[1] += len(gen)
+                    if done[0] % 50 == 0:
+                        print(f"  {done[0]}/{len(jobs)} answers, {done[1]} tokens, "
+                              f"{done[1] / (time.time() - t0):.0f} tok/s", flush=True)
+            with ThreadPoolExecutor(args.concurrency) as pool:
+                list(pool.map(run, jobs))
+        print(f"data: {done[0]} answers, {done[1]} output tokens in {time.time() - t0:.0f} s -> "
+              f"{out / 'data.jsonl'}")
+    finally:
+        server.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The SSM: a small Llama in PyTorch, written to GGUF as llama.cpp's convert script would.
+
+def build_model(torch, cfg):
+    nn = torch.nn
+    F = torch.nn.functional
+
+    class RMSNorm(nn.Module):
+        def __init__(self, dim, eps):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(dim))
+            self.eps = eps
+
+        def forward(self, x):
+            x32 = x.float()
+            return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) \
+                * self.weight
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            d, h, kv = cfg["dim"], cfg["heads"], cfg["kv_heads"]
+            hd = d // h
+            self.h, self.kv, self.hd = h, kv, hd
+            self.attn_norm = RMSNorm(d, cfg["eps"])
+            self.q = nn.Linear(d, h * hd, bias=False)
+            self.k = nn.Linear(d, kv * hd, bias=False)
+            self.v = nn.Linear(d, kv * hd, bias=False)
+            self.o = nn.Linear(h * hd, d, bias=False)
+            self.ffn_norm = RMSNorm(d, cfg["eps"])
+            self.gate = nn.Linear(d, cfg["ffn"], bias=False)
+            self.up = nn.Linear(d, cfg["ffn"], bias=False)
+            self.down = nn.Linear(cfg["ffn"], d, bias=False)
+
+        def forward(self, x, cos, sin):
+            b, t, _ = x.shape
+            y = self.attn_norm(x)
+            q = self.q(y).view(b, t, self.h, self.hd).transpose(1, 2)
+            k = self.k(y).view(b, t, self.kv, self.hd).transpose(1, 2)
+            v = self.v(y).view(b, t, self.kv, self.hd).transpose(1, 2)
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            x = x + self.o(a.transpose(1, 2).reshape(b, t, -1))
+            y = self.ffn_norm(x)
+            return x + self.down(F.silu(self.gate(y)) * self.up(y))
+
+    def rope(x, cos, sin):
+        # GGUF llama: rotation of adjacent pairs (2i, 2i + 1), frequency theta^(-2i / head_dim).
+        xe, xo = x[..., 0::2], x[..., 1::2]
+        return torch.stack((xe * cos - xo * sin, xe * sin + xo * cos), dim=-1).flatten(-2)
+
+    class SSM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(cfg["vocab"], cfg["dim"])
+            self.blocks = nn.ModuleList(Block() for _ in range(cfg["layers"]))
+            self.norm = RMSNorm(cfg["dim"], cfg["eps"])
+            hd = cfg["dim"] // cfg["heads"]
+            inv = cfg["theta"] ** (-torch.arange(0, hd, 2, dtype=torch.float32) / hd)
+            self.register_buffer("inv_freq", inv, persistent=False)
+
+        def hidden(self, ids):
+            t = ids.shape[1]
+            ang = torch.arange(t, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
+            cos, sin = ang.cos(), ang.sin()
+            x = self.embed(ids)
+            for blk in self.blocks:
+                x = blk(x, cos.to(x.dtype), sin.to(x.dtype))
+            return self.norm(x)
+
+        def logits(self, h):
+            return h @ self.embed.weight.t()
+
+    return SSM()
+
+
+def is_gguf(path):
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+def llama2c_header(path):
+    import numpy as np
+    h = np.fromfile(path, dtype=np.int32, count=7)
+    return {"dim": int(h[0]), "vocab": abs(int(h[5])), "context": int(h[6])}
+
+
+def llm_embedding(model_path):
+    """The LLM's token embedding, [vocab, dim] float32 (GGUF or llama2.c checkpoint)."""
+    import numpy as np
+    if not is_gguf(model_path):
+        h = llama2c_header(model_path)
+        return np.fromfile(model_path, dtype=np.float32, count=h["vocab"] * h["dim"],
+                           offset=28).reshape(h["vocab"], h["dim"])
+    import gguf
+    from gguf.quants import dequantize
+    r = gguf.GGUFReader(str(model_path))
+    for t in r.tensors:
+        if t.name == "token_embd.weight":
+            e = dequantize(t.data, gguf.GGMLQuantizationType(t.tensor_type))
+            return np.asarray(e, dtype=np.float32).reshape(-1, int(t.shape[0]))
+    sys.exit(f"boost_tune: {model_path} has no token_embd.weight")
+
+
+def llm_hparams(model_path):
+    if not is_gguf(model_path):  # llama2.c: RoPE base 10000, eps 1e-5
+        return {"theta": 10000.0, "eps": 1e-5, "context": llama2c_header(model_path)["context"]}
+    import gguf
+    r = gguf.GGUFReader(str(model_path))
+    arch = r.fields["general.architecture"].contents()
+
+    def get(key, default=None):
+        f = r.fields.get(f"{arch}.{key}")
+        return f.contents() if f is not None else default
+    return {"theta": float(get("rope.freq_base", 10000.0)),
+            "eps": float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+            "context": int(get("context_length", 2048))}
+
+
+def load_data(path, split):
+    recs = []
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            if r["split"] == split and r["output_ids"]:
+                recs.append(r)
+    return recs
+
+
+def draft_vocabulary(recs, size):
+    """The draft's tokens: the `size` most frequent of the LLM's outputs and prompts (outputs
+    first: they are what the draft must guess), then one row for every other token (-1)."""
+    from collections import Counter
+    out, prompt = Counter(), Counter()
+    for r in recs:
+        out.update(r["output_ids"])
+        prompt.update(r["prompt_ids"])
+    ranked = [t for t, _ in out.most_common()]
+    seen = set(ranked)
+    ranked += [t for t, _ in prompt.most_common() if t not in seen]
+    table = sorted(ranked[:size])
+    covered = sum(c for t, c in out.items() if t in set(table)) / max(sum(out.values()), 1)
+    return table + [-1], covered
+
+
+def make_examples(recs, max_len, to_row, other):
+    """Per answer: its tokens as draft rows (prompt + output, truncated) and, per output
+    position, the LLM's top-k candidates that the draft vocabulary holds (rows, log-probs) and
+    whether the LLM's own choice is among them."""
+    ex = []
+    for r in recs:
+        ids = (r["prompt_ids"] + r["output_ids"])[:max_len]
+        n = len(r["prompt_ids"])
+        pos, tgt, reachable = [], [], []
+        for j, top in enumerate(r["top"]):
+            p = n + j - 1  # the hidden state that predicts output token j
+            if p + 1 >= len(ids) or p < 0:
+                break
+            top = top or [[r["output_ids"][j], 0.0]]
+            cand = [[int(to_row[t]), lp] for t, lp in top if to_row[t] != other]
+            if not cand:
+                continue
+            pos.append(p)
+            tgt.append(cand)
+            reachable.append(to_row[r["output_ids"][j]] == cand[0][0])
+        if pos:
+            ex.append({"ids": [int(to_row[t]) for t in ids], "pos": pos, "top": tgt,
+                       "reachable": reachable})
+    return ex
+
+
+def batch_tensors(torch, batch, weights):
+    t = max(len(e["ids"]) for e in batch)
+    ids = torch.zeros(len(batch), t, dtype=torch.long)
+    rows, cand, prob, w = [], [], [], []
+    for b, e in enumerate(batch):
+        ids[b, : len(e["ids"])] = torch.tensor(e["ids"])
+        for k, (p, top) in enumerate(zip(e["pos"], e["top"])):
+            rows.append(b * t + p)
+            c = [a[0] for a in top][:TOP_K]
+            lp = torch.tensor([a[1] for a in top][:TOP_K])
+            pr = torch.softmax(lp, 0)  # renormalised top-k
+            c += [c[0]] * (TOP_K - len(c))
+            pr = torch.cat([pr, torch.zeros(TOP_K - len(pr))])
+            cand.append(c)
+            prob.append(pr)
+            w.append(weights[id(e)][k] if weights is not None else 1.0)
+    return (ids, torch.tensor(rows), torch.tensor(cand), torch.stack(prob),
+            torch.tensor(w, dtype=torch.float32))
+
+
+def batches(examples, tokens_per_batch, rng):
+    order = sorted(examples, key=lambda e: len(e["ids"]))
+    out, cur, longest = [], [], 0
+    for e in order:
+        longest2 = max(longest, len(e["ids"]))
+        if cur and longest2 * (len(cur) + 1) > tokens_per_batch:
+            out.append(cur)
+            cur, longest2 = [], len(e["ids"])
+        cur.append(e)
+        longest = longest2
+    if cur:
+        out.append(cur)
+    rng.shuffle(out)
+    return out
+
+
+def train_one(torch, cfg, examples, weights, args, init_embed, index):
+    torch.manual_seed(args.seed + index)
+    model = build_model(torch, cfg)
+    with torch.no_grad():
+        model.embed.weight.copy_(torch.from_numpy(init_embed))
+        for blk in model.blocks:  # small residual branches at the start
+            blk.o.weight.mul_(0.5)
+            blk.down.weight.mul_(0.5)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
+    rng = random.Random(args.seed + index)
+    steps, step, t0 = args.steps, 0, time.time()
+    while step < steps:
+        for batch in batches(examples, args.batch_tokens, rng):
+            if step >= steps:
+                break
+            lr = args.lr * min(1.0, (step + 1) / 30) * 0.5 * (1 + math.cos(math.pi * step / steps))
+            for g in opt.param_groups:
+                g["lr"] = lr
+            ids, rows, cand, prob, w = batch_tensors(torch, batch, weights)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+                h = model.hidden(ids).reshape(-1, cfg["dim"])[rows]
+                logits = model.logits(h).float()
+            logq = torch.log_softmax(logits, -1)
+            loss_pos = -(prob * logq.gather(1, cand)).sum(-1)
+            loss = (loss_pos * w).sum() / w.sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            step += 1
+            if step % args.log_every == 0 or step == steps:
+                top1 = (logits.argmax(-1) == cand[:, 0]).float().mean().item()
+                print(f"  ssm {index} step {step}/{steps} loss {loss.item():.3f} "
+                      f"top-1 {top1:.3f} lr {lr:.2e} ({time.time() - t0:.0f} s)", flush=True)
+    return model
+
+
+def agreement(torch, model, cfg, examples, args):
+    """Per example and target position: whether the SSM's top-1 is the LLM's top-1."""
+    hits = {}
+    model.eval()
+    with torch.no_grad():
+        for batch in batches(examples, args.batch_tokens, random.Random(0)):
+            ids, rows, cand, _, _ = batch_tensors(torch, batch, None)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+                h = model.hidden(ids).reshape(-1, cfg["dim"])[rows]
+                am = model.logits(h).float().argmax(-1)
+            ok = (am == cand[:, 0]).tolist()
+            k = 0
+            for e in batch:
+                hits[id(e)] = [a and b for a, b in zip(ok[k: k + len(e["pos"])], e["reachable"])]
+                k += len(e["pos"])
+    model.train()
+    return hits
+
+
+def export_gguf(model, cfg, llm_path, out_path, name, table):
+    import gguf
+    import numpy as np
+    from gguf.quants import quantize
+    w = gguf.GGUFWriter(str(out_path), "llama")
+    w.add_name(name)
+    w.add_context_length(cfg["context"])
+    w.add_embedding_length(cfg["dim"])
+    w.add_block_count(cfg["layers"])
+    w.add_feed_forward_length(cfg["ffn"])
+    w.add_head_count(cfg["heads"])
+    w.add_head_count_kv(cfg["kv_heads"])
+    w.add_rope_freq_base(cfg["theta"])
+    w.add_layer_norm_rms_eps(cfg["eps"])
+    w.add_vocab_size(cfg["vocab"])
+    w.add_rope_dimension_count(cfg["dim"] // cfg["heads"])
+    # Row r of the embedding / output is the LLM's token table[r] (-1: every other token).
+    w.add_array("specinfer.draft_token_ids", [int(t) for t in table])
+    # The LLM's tokenizer, piece for piece (a llama2.c LLM has none inside: the daemon then
+    # checks the vocabulary size alone).
+    if is_gguf(llm_path):
+        for field in gguf.GGUFReader(str(llm_path)).fields.values():
+            if not field.name.startswith("tokenizer."):
+                continue
+            vtype = field.types[0]
+            sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+            w.add_key_value(field.name, field.contents(), vtype, sub_type=sub)
+
+    def mat(name, t):
+        a = t.detach().float().numpy()
+        if a.shape[-1] % 32 == 0:
+            w.add_tensor(name, quantize(a, gguf.GGMLQuantizationType.Q8_0),
+                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(name, a.astype(np.float32))
+
+    def vec(name, t):
+        w.add_tensor(name, t.detach().float().numpy().astype(np.float32))
+
+    mat("token_embd.weight", model.embed.weight)
+    vec("output_norm.weight", model.norm.weight)
+    for i, b in enumerate(model.blocks):
+        p = f"blk.{i}."
+        vec(p + "attn_norm.weight", b.attn_norm.weight)
+        mat(p + "attn_q.weight", b.q.weight)
+        mat(p + "attn_k.weight", b.k.weight)
+        mat(p + "attn_v.weight", b.v.weight)
+        mat(p + "attn_output.weight", b.o.weight)
+        vec(p + "ffn_norm.weight", b.ffn_norm.weight)
+        mat(p + "ffn_gate.weight", b.gate.weight)
+        mat(p + "ffn_up.weight", b.up.weight)
+        mat(p + "ffn_down.weight", b.down.weight)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def cmd_train(args):
+    import numpy as np
+    import torch
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    hp = llm_hparams(args.model)
+    emb = llm_embedding(args.model)
+    llm_vocab, llm_dim = emb.shape
+    recs = load_data(Path(args.data) / "data.jsonl", "train")
+    table, covered = draft_vocabulary(recs, min(args.draft_vocab, llm_vocab))
+    other = len(table) - 1
+    to_row = np.full(llm_vocab, other, dtype=np.int64)
+    to_row[table[:-1]] = np.arange(other)
+    print(f"draft vocabulary: {other} of the LLM's {llm_vocab} tokens and one for the rest; "
+          f"they cover {covered:.1%} of the LLM's output tokens")
+    dim = min(args.dim, llm_dim)
+    # The LLM's embedding of the table's tokens on its top `dim` principal directions (similar
+    # tokens stay similar); the "other" row is the mean of the rest.
+    _, _, vt = np.linalg.svd(emb - emb.mean(0), full_matrices=False)
+    proj = (emb @ vt[:dim].T).astype(np.float32)
+    rest = np.ones(llm_vocab, dtype=bool)
+    rest[table[:-1]] = False
+    init = np.concatenate([proj[table[:-1]], proj[rest].mean(0, keepdims=True)
+                           if rest.any() else np.zeros((1, dim), np.float32)])
+    init *= 0.02 * math.sqrt(dim) / max(np.sqrt((init ** 2).sum(1)).mean(), 1e-6)
+    heads = max(dim // 64, 1)
+    cfg = {"vocab": len(table), "dim": dim, "layers": args.layers, "heads": heads,
+           "kv_heads": max(heads // 2, 1), "ffn": args.ffn or 3 * dim, "theta": hp["theta"],
+           "eps": hp["eps"], "context": hp["context"]}
+    examples = make_examples(recs, args.max_len, to_row, other)
+    n_pos = sum(len(e["pos"]) for e in examples)
+    print(f"train: {len(examples)} answers, {n_pos} target positions; SSM config {cfg}")
+    hit_any = None
+    paths = []
+    for k in range(args.ssms):
+        weights = None
+        if hit_any is not None:
+            weights = {i: [BOOST_HIT_WEIGHT if h else 1.0 for h in hs] for i, hs in hit_any.items()}
+            share = sum(sum(h) for h in hit_any.values()) / max(n_pos, 1)
+            print(f"boost: SSM {k} down-weights the {share:.1%} of positions an earlier SSM gets")
+        model = train_one(torch, cfg, examples, weights, args, init, k)
+        hits = agreement(torch, model, cfg, examples, args)
+        hit_any = hits if hit_any is None else {
+            i: [a or b for a, b in zip(hit_any[i], hits[i])] for i in hits}
+        path = out / f"ssm-{k}.gguf"
+        export_gguf(model, cfg, args.model, path, f"specinfer boost-tuned SSM {k}", table)
+        paths.append(path)
+        print(f"exported {path} ({path.stat().st_size / 2**20:.2f} MiB)")
+    with open(out / "config.json", "w") as f:
+        json.dump({"ssm": cfg, "args": {k: v for k, v in vars(args).items() if k != "func"}}, f,
+                  indent=1, default=str)
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation on held-out prompts, through the daemon itself.
+
+def run_generate(model, prompt, drafts, tree, max_tokens, threads, extra):
+    cmd = [str(specinfer_binary()), "generate", "--model", str(model), "--prompt", prompt,
+           "--max-tokens", str(max_tokens), "--json", "--threads", str(threads),
+           "--temperature", "0", "--spec-budget", "static"] + extra
+    for d in drafts:
+        cmd += ["--draft", f"model:{d}"]
+    if drafts:
+        cmd += ["--tree", tree]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"boost_tune: specinfer generate failed: {r.stderr.strip()[-500:]}")
+    return json.loads(r.stdout)
+
+
+def cmd_eval(args):
+    recs = load_data(Path(args.data) / "data.jsonl", "heldout")
+    recs = [r for r in recs if r["temperature"] == 0.0][: args.eval_prompts]
+    ssms = [Path(s) for s in args.ssm]
+    configs = [("no draft", [])] + [(s.name, [s]) for s in ssms]
+    if len(ssms) > 1:
+        configs.append(("merged", ssms))
+    extra = ["--tokenizer", str(args.tokenizer)] if args.tokenizer else []
+    if args.chat_template != "none":
+        extra.append("--chat")
+    print(f"eval: {len(recs)} held-out prompts, greedy, {args.max_tokens} tokens, tree {args.tree}")
+    base_text = {}
+    for name, drafts in configs:
+        gen = passes = decode_s = draft_s = 0
+        acc_depth = None
+        same = True
+        for r in recs:
+            j = run_generate(args.model, r["prompt"], drafts, args.tree, args.max_tokens,
+                             args.threads, extra)
+            sp = j["speculation"]
+            gen += len(j["tokens"])
+            passes += sp["llm_passes"] if drafts else len(j["tokens"])
+            decode_s += j["timing"]["decode_seconds"]
+            draft_s += sp.get("draft_seconds", 0.0)
+            a = sp.get("accepted_at_depth") or []
+            acc_depth = a if acc_depth is None else [x + y for x, y in
+                                                     zip(acc_depth + [0] * len(a), a + [0] * len(acc_depth))]
+            if not drafts:
+                base_text[r["prompt"]] = j["tokens"]
+            elif base_text.get(r["prompt"]) != j["tokens"]:
+                same = False
+        tpp = gen / max(passes, 1)
+        per_pass = [round(x / max(passes, 1), 3) for x in (acc_depth or [])]
+        while per_pass and per_pass[-1] == 0:
+            per_pass.pop()
+        ms = 1e3 / max(passes, 1)
+        print(f"  {name:12s} tokens/pass {tpp:.2f}  decode {gen / max(decode_s, 1e-9):.1f} tok/s"
+              f"  per pass: {decode_s * ms:.2f} ms, of it drafting {draft_s * ms:.2f} ms"
+              + (f"  accepted per pass by depth {per_pass}" if drafts else "")
+              + ("" if same else "  OUTPUT DIFFERS FROM PLAIN DECODING"), flush=True)
+        if not same:
+            sys.exit("boost_tune: speculative output differs from plain decoding")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def common(p):
+        p.add_argument("--model", required=True, help="the LLM (GGUF)")
+        p.add_argument("--tokenizer", help="tokenizer file, for models without one inside")
+        p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+        p.add_argument("--seed", type=int, default=1234)
+
+    def data_args(p):
+        p.add_argument("--prompts", type=int, default=None, help="train prompts (default: all)")
+        p.add_argument("--max-tokens", type=int, default=160)
+        p.add_argument("--concurrency", type=int, default=16)
+        p.add_argument("--no-sampled", dest="sampled", action="store_false",
+                       help="greedy answers only (default: greedy and one sampled at T=0.8)")
+        p.add_argument("--chat-template", default=None,
+                       help="'none': prompts as plain text (models without a chat template)")
+
+    def train_args(p):
+        p.add_argument("--ssms", type=int, default=3)
+        p.add_argument("--layers", type=int, default=4)
+        p.add_argument("--dim", type=int, default=256)
+        p.add_argument("--draft-vocab", type=int, default=8192,
+                       help="tokens the SSMs can propose (the most frequent of the LLM's outputs)")
+        p.add_argument("--ffn", type=int, default=0, help="0: 3 x dim")
+        p.add_argument("--steps", type=int, default=1500)
+        p.add_argument("--lr", type=float, default=3e-3)
+        p.add_argument("--batch-tokens", type=int, default=8192)
+        p.add_argument("--max-len", type=int, default=320)
+        p.add_argument("--log-every", type=int, default=50)
+        p.add_argument("--no-bf16", dest="bf16", action="store_false")
+
+    def eval_args(p):
+        p.add_argument("--chat-template", default=None, help="'none': prompts as plain text")
+        p.add_argument("--tree", default="1,1,3,1,1")
+        p.add_argument("--eval-prompts", type=int, default=24)
+        p.add_argument("--max-tokens", type=int, default=128)
+
+    p = sub.add_parser("data", help="the LLM's answers to the prompt set")
+    common(p)
+    data_args(p)
+    p.add_argument("--out", required=True)
+    p = sub.add_parser("train", help="train and export the SSMs")
+    common(p)
+    train_args(p)
+    p.add_argument("--data", required=True)
+    p.add_argument("--out", required=True)
+    p = sub.add_parser("eval", help="tokens per pass on held-out prompts")
+    common(p)
+    eval_args(p)
+    p.add_argument("--data", required=True)
+    p.add_argument("--ssm", nargs="+", required=True)
+    args = ap.parse_args()
+    {"data": cmd_data, "train": cmd_train, "eval": cmd_eval}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
