@@ -389,6 +389,31 @@ def llm_hparams(model_path):
             "context": int(get("context_length", 2048))}
 
 
+def llm_layers(model_path, n):
+    """The LLM's first `n` layers (and final norm) as float32 arrays, for --init-layers."""
+    import gguf
+    import numpy as np
+    from gguf.quants import dequantize
+    r = gguf.GGUFReader(str(model_path))
+    arch = r.fields["general.architecture"].contents()
+    out = {"heads": int(r.fields[f"{arch}.attention.head_count"].contents()),
+           "kv_heads": int(r.fields[f"{arch}.attention.head_count_kv"].contents()),
+           "ffn": int(r.fields[f"{arch}.feed_forward_length"].contents())}
+    wanted = {"output_norm.weight"} | {f"blk.{i}.{k}" for i in range(n) for k in (
+        "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+        "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
+        "ffn_down.weight")}
+    for t in r.tensors:
+        if t.name in wanted:
+            a = dequantize(t.data, gguf.GGMLQuantizationType(t.tensor_type))
+            shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+            out[t.name] = np.asarray(a, dtype=np.float32).reshape(shape)
+    missing = wanted - set(out)
+    if missing:
+        sys.exit(f"boost_tune: {model_path} lacks {sorted(missing)[:3]}")
+    return out
+
+
 def load_data(path, split):
     recs = []
     with open(path) as f:
@@ -477,14 +502,25 @@ def batches(examples, tokens_per_batch, rng):
     return out
 
 
-def train_one(torch, cfg, examples, weights, args, init_embed, index):
+def train_one(torch, cfg, examples, weights, args, init_embed, index, layers=None):
     torch.manual_seed(args.seed + index)
     model = build_model(torch, cfg)
     with torch.no_grad():
         model.embed.weight.copy_(torch.from_numpy(init_embed))
-        for blk in model.blocks:  # small residual branches at the start
-            blk.o.weight.mul_(0.5)
-            blk.down.weight.mul_(0.5)
+        if layers is not None:
+            t = lambda name: torch.from_numpy(layers[name].copy())  # noqa: E731
+            model.norm.weight.copy_(t("output_norm.weight"))
+            for i, b in enumerate(model.blocks):
+                p = f"blk.{i}."
+                for mod, name in ((b.attn_norm, "attn_norm"), (b.q, "attn_q"), (b.k, "attn_k"),
+                                  (b.v, "attn_v"), (b.o, "attn_output"),
+                                  (b.ffn_norm, "ffn_norm"), (b.gate, "ffn_gate"),
+                                  (b.up, "ffn_up"), (b.down, "ffn_down")):
+                    mod.weight.copy_(t(p + name + ".weight"))
+        else:
+            for blk in model.blocks:  # small residual branches at the start
+                blk.o.weight.mul_(0.5)
+                blk.down.weight.mul_(0.5)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
     rng = random.Random(args.seed + index)
     steps, step, t0 = args.steps, 0, time.time()
@@ -607,20 +643,32 @@ def cmd_train(args):
     to_row[table[:-1]] = np.arange(other)
     print(f"draft vocabulary: {other} of the LLM's {llm_vocab} tokens and one for the rest; "
           f"they cover {covered:.1%} of the LLM's output tokens")
-    dim = min(args.dim, llm_dim)
-    # The LLM's embedding of the table's tokens on its top `dim` principal directions (similar
-    # tokens stay similar); the "other" row is the mean of the rest.
-    _, _, vt = np.linalg.svd(emb - emb.mean(0), full_matrices=False)
-    proj = (emb @ vt[:dim].T).astype(np.float32)
     rest = np.ones(llm_vocab, dtype=bool)
     rest[table[:-1]] = False
+    layers = None
+    if args.init_layers > 0:
+        # The LLM's own first layers, final norm and embedding rows, then distilled.
+        layers = llm_layers(args.model, args.init_layers)
+        dim = llm_dim
+        proj = emb
+        cfg = {"layers": args.init_layers, "heads": layers["heads"],
+               "kv_heads": layers["kv_heads"], "ffn": layers["ffn"]}
+    else:
+        dim = min(args.dim, llm_dim)
+        # The LLM's embedding on its top `dim` principal directions (similar tokens stay
+        # similar).
+        _, _, vt = np.linalg.svd(emb - emb.mean(0), full_matrices=False)
+        proj = (emb @ vt[:dim].T).astype(np.float32)
+        heads = max(dim // 64, 1)
+        cfg = {"layers": args.layers, "heads": heads, "kv_heads": max(heads // 2, 1),
+               "ffn": args.ffn or 3 * dim}
+    # The table's tokens' rows; the "other" row is the mean of the rest.
     init = np.concatenate([proj[table[:-1]], proj[rest].mean(0, keepdims=True)
-                           if rest.any() else np.zeros((1, dim), np.float32)])
-    init *= 0.02 * math.sqrt(dim) / max(np.sqrt((init ** 2).sum(1)).mean(), 1e-6)
-    heads = max(dim // 64, 1)
-    cfg = {"vocab": len(table), "dim": dim, "layers": args.layers, "heads": heads,
-           "kv_heads": max(heads // 2, 1), "ffn": args.ffn or 3 * dim, "theta": hp["theta"],
-           "eps": hp["eps"], "context": hp["context"]}
+                           if rest.any() else np.zeros((1, dim), np.float32)]).astype(np.float32)
+    if layers is None:
+        init *= 0.02 * math.sqrt(dim) / max(np.sqrt((init ** 2).sum(1)).mean(), 1e-6)
+    cfg.update({"vocab": len(table), "dim": dim, "theta": hp["theta"], "eps": hp["eps"],
+                "context": hp["context"]})
     examples = make_examples(recs, args.max_len, to_row, other)
     n_pos = sum(len(e["pos"]) for e in examples)
     print(f"train: {len(examples)} answers, {n_pos} target positions; SSM config {cfg}")
@@ -632,7 +680,7 @@ def cmd_train(args):
             weights = {i: [BOOST_HIT_WEIGHT if h else 1.0 for h in hs] for i, hs in hit_any.items()}
             share = sum(sum(h) for h in hit_any.values()) / max(n_pos, 1)
             print(f"boost: SSM {k} down-weights the {share:.1%} of positions an earlier SSM gets")
-        model = train_one(torch, cfg, examples, weights, args, init, k)
+        model = train_one(torch, cfg, examples, weights, args, init, k, layers)
         hits = agreement(torch, model, cfg, examples, args)
         hit_any = hits if hit_any is None else {
             i: [a or b for a, b in zip(hit_any[i], hits[i])] for i in hits}
@@ -649,10 +697,10 @@ def cmd_train(args):
 # ---------------------------------------------------------------------------------------------
 # Evaluation on held-out prompts, through the daemon itself.
 
-def run_generate(model, prompt, drafts, tree, max_tokens, threads, extra):
+def run_generate(model, prompt, drafts, tree, max_tokens, threads, extra, budget):
     cmd = [str(specinfer_binary()), "generate", "--model", str(model), "--prompt", prompt,
            "--max-tokens", str(max_tokens), "--json", "--threads", str(threads),
-           "--temperature", "0", "--spec-budget", "static"] + extra
+           "--temperature", "0", "--spec-budget", budget] + extra
     for d in drafts:
         cmd += ["--draft", f"model:{d}"]
     if drafts:
@@ -673,7 +721,8 @@ def cmd_eval(args):
     extra = ["--tokenizer", str(args.tokenizer)] if args.tokenizer else []
     if args.chat_template != "none":
         extra.append("--chat")
-    print(f"eval: {len(recs)} held-out prompts, greedy, {args.max_tokens} tokens, tree {args.tree}")
+    print(f"eval: {len(recs)} held-out prompts, greedy, {args.max_tokens} tokens, tree {args.tree},"
+          f" --spec-budget {args.spec_budget}")
     base_text = {}
     for name, drafts in configs:
         gen = passes = decode_s = draft_s = 0
@@ -681,7 +730,7 @@ def cmd_eval(args):
         same = True
         for r in recs:
             j = run_generate(args.model, r["prompt"], drafts, args.tree, args.max_tokens,
-                             args.threads, extra)
+                             args.threads, extra, args.spec_budget)
             sp = j["speculation"]
             gen += len(j["tokens"])
             passes += sp["llm_passes"] if drafts else len(j["tokens"])
@@ -730,6 +779,9 @@ def main():
         p.add_argument("--ssms", type=int, default=3)
         p.add_argument("--layers", type=int, default=4)
         p.add_argument("--dim", type=int, default=256)
+        p.add_argument("--init-layers", type=int, default=0,
+                       help="K > 0: each SSM starts as the LLM's first K layers (its width), "
+                            "embedding rows and final norm (GGUF LLMs)")
         p.add_argument("--draft-vocab", type=int, default=8192,
                        help="tokens the SSMs can propose (the most frequent of the LLM's outputs)")
         p.add_argument("--ffn", type=int, default=0, help="0: 3 x dim")
@@ -743,6 +795,9 @@ def main():
     def eval_args(p):
         p.add_argument("--chat-template", default=None, help="'none': prompts as plain text")
         p.add_argument("--tree", default="1,1,3,1,1")
+        p.add_argument("--spec-budget", default="static", choices=["static", "auto", "dynamic"],
+                       help="static (default): the full tree every step, as the paper counts "
+                            "tokens per pass; auto/dynamic: what the server does by default")
         p.add_argument("--eval-prompts", type=int, default=24)
         p.add_argument("--max-tokens", type=int, default=128)
 
