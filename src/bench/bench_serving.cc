@@ -553,6 +553,8 @@ int Main(int argc, char** argv) {
   o.engine.tokenizer_path = tokenizer;
   o.engine.num_threads = threads;
   o.engine.context_length = 2048;
+  // The server loads the draft at start: a client may name only model drafts it was started with.
+  if (!bs.draft.empty()) o.engine.drafts = {bs.draft};
   o.chat_template = chat_template;  // KV for max_c sequences stays small
   o.queue.batch.max_sequences = max_c;
   ParseSpecBudgetMode(spec_budget, &o.queue.batch.spec_budget);
