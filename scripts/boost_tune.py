@@ -697,10 +697,11 @@ def cmd_train(args):
 # ---------------------------------------------------------------------------------------------
 # Evaluation on held-out prompts, through the daemon itself.
 
-def run_generate(model, prompt, drafts, tree, max_tokens, threads, extra, budget):
+def run_generate(model, prompt, drafts, tree, max_tokens, threads, extra, budget, temperature,
+                 seed):
     cmd = [str(specinfer_binary()), "generate", "--model", str(model), "--prompt", prompt,
            "--max-tokens", str(max_tokens), "--json", "--threads", str(threads),
-           "--temperature", "0", "--spec-budget", budget] + extra
+           "--temperature", str(temperature), "--seed", str(seed), "--spec-budget", budget] + extra
     for d in drafts:
         cmd += ["--draft", f"model:{d}"]
     if drafts:
@@ -721,7 +722,8 @@ def cmd_eval(args):
     extra = ["--tokenizer", str(args.tokenizer)] if args.tokenizer else []
     if args.chat_template != "none":
         extra.append("--chat")
-    print(f"eval: {len(recs)} held-out prompts, greedy, {args.max_tokens} tokens, tree {args.tree},"
+    how = f"temperature {args.temperature}" if args.temperature > 0 else "greedy"
+    print(f"eval: {len(recs)} held-out prompts, {how}, {args.max_tokens} tokens, tree {args.tree},"
           f" --spec-budget {args.spec_budget}")
     base_text = {}
     for name, drafts in configs:
@@ -730,7 +732,7 @@ def cmd_eval(args):
         same = True
         for r in recs:
             j = run_generate(args.model, r["prompt"], drafts, args.tree, args.max_tokens,
-                             args.threads, extra, args.spec_budget)
+                             args.threads, extra, args.spec_budget, args.temperature, args.seed)
             sp = j["speculation"]
             gen += len(j["tokens"])
             passes += sp["llm_passes"] if drafts else len(j["tokens"])
@@ -739,7 +741,9 @@ def cmd_eval(args):
             a = sp.get("accepted_at_depth") or []
             acc_depth = a if acc_depth is None else [x + y for x, y in
                                                      zip(acc_depth + [0] * len(a), a + [0] * len(acc_depth))]
-            if not drafts:
+            if args.temperature > 0:
+                pass  # sampled: the text is a draw (its distribution is the LLM's; tests/spec)
+            elif not drafts:
                 base_text[r["prompt"]] = j["tokens"]
             elif base_text.get(r["prompt"]) != j["tokens"]:
                 same = False
@@ -785,7 +789,7 @@ def main():
         p.add_argument("--draft-vocab", type=int, default=8192,
                        help="tokens the SSMs can propose (the most frequent of the LLM's outputs)")
         p.add_argument("--ffn", type=int, default=0, help="0: 3 x dim")
-        p.add_argument("--steps", type=int, default=1500)
+        p.add_argument("--steps", type=int, default=360)
         p.add_argument("--lr", type=float, default=3e-3)
         p.add_argument("--batch-tokens", type=int, default=8192)
         p.add_argument("--max-len", type=int, default=320)
@@ -795,6 +799,8 @@ def main():
     def eval_args(p):
         p.add_argument("--chat-template", default=None, help="'none': prompts as plain text")
         p.add_argument("--tree", default="1,1,3,1,1")
+        p.add_argument("--temperature", type=float, default=0.0,
+                       help="0: greedy (outputs checked equal to plain decoding); else sampled")
         p.add_argument("--spec-budget", default="static", choices=["static", "auto", "dynamic"],
                        help="static (default): the full tree every step, as the paper counts "
                             "tokens per pass; auto/dynamic: what the server does by default")
