@@ -233,6 +233,10 @@ void SpecController::ObserveBudgetTree(const std::string& key, int32_t budget,
 int64_t SpecController::ProbePeriod(size_t n, double base_tokens) const {
   const auto candidates = static_cast<int64_t>(n);
   int64_t period = std::max<int64_t>(kProbePeriod, candidates * kProbeEvery);
+  // A lone sequence keeps the base period: its probe is at most a few tokens every 16 steps,
+  // and whether its drafts pay is what it has to find out (on a model whose passes are
+  // compute-bound, a 2-token probe there was measured as no loss at concurrency 1).
+  if (candidates <= 1) return period;
   const double step = cost_.Predict(base_tokens) + overhead_.value;
   if (step <= 0) return period;
   // A token's marginal pass time here, over 8 tokens (the cost model's points are per count).

@@ -25,8 +25,9 @@
 // kProbePeriod of the controller's steps, or every kProbeEvery x (candidates) steps when the batch
 // is larger (staggered across sequences by id, so that short requests probe too; about one
 // probe every kProbeEvery steps then), so a speculator that failed for a while can come back and
-// t(T) keeps being measured beyond the chosen counts. Where the pass is compute-bound, probes
-// come rarer still, so that they cost at most kProbeShare of the step time (ProbePeriod). A
+// t(T) keeps being measured beyond the chosen counts. Where a batch of several sequences is
+// compute-bound, probes come rarer still, so that they cost at most kProbeShare of the step
+// time (ProbePeriod). A
 // speculator set whose drafts mostly fail probes up to kMaxProbeBackoff times less often
 // (ProbeBackoff): on free text the probes were the whole cost of having speculation on (1-5%
 // more pass tokens, none accepted).
@@ -253,10 +254,10 @@ class SpecController {
   }
   // Choices between two probes of one of `n` candidates in a pass of `base_tokens` other tokens:
   // at least kProbePeriod, and kProbeEvery x n for a larger batch (one probe every kProbeEvery
-  // steps on average; the speculator set's shared prior learns from every probe), and as many
-  // more as keep the probes' predicted pass time within kProbeShare of the step's. In a
-  // compute-bound batch of 16 a probe's two tokens cost ~12% of a pass, and one every 4 steps
-  // was the 1-3% that speculation lost there against plain decoding (measured).
+  // steps on average; the speculator set's shared prior learns from every probe), and with
+  // several candidates as many more as keep the probes' predicted pass time within kProbeShare
+  // of the step's. In a compute-bound batch of 16 a probe's two tokens cost ~12% of a pass, and
+  // one every 4 steps was the 1-3% that speculation lost there against plain decoding.
   int64_t ProbePeriod(size_t n, double base_tokens) const;
   // How much rarer probes of speculator set `key` are: kProbeHit over the share of its drafted
   // trees whose first level was accepted (for dynamic trees: accepted tokens per drafted tree;

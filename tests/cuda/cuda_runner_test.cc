@@ -293,6 +293,7 @@ TEST(CudaRunner, DraftsOnTheGpuKeepGreedyOutput) {
   o.num_threads = 2;
   o.draft_backend = "cuda";
   o.drafts = {"layers:2", "model:" + o.model_path};
+  o.spec_budget = SpecBudgetMode::kStatic;  // every step's full tree: the passes counted below
   auto e = Engine::Create(o);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   Engine& engine = **e;
