@@ -506,6 +506,7 @@ TEST(RemoteSpeculator, BatchedSequencesSpreadOverReplicasWithOutputsUnchanged) {
   // Engine::Generate runs one sequence; here four share every step, as in the server.
   BatchOptions bo;
   bo.max_sequences = 4;
+  bo.spec_budget = SpecBudgetMode::kStatic;  // every step drafts: the sessions counted below
   EngineCore batch(engine->runner(), engine->kv(), bo);
   std::vector<std::vector<int32_t>> got(prompts.size());
   int done = 0;
