@@ -84,8 +84,8 @@ struct RandomWeights {
 };
 
 std::string WriteTemp(const std::string& name, const std::string& bytes) {
-  auto dir = std::filesystem::temp_directory_path() / "specinfer_gguf_loader_test";
-  std::filesystem::create_directories(dir);
+  // This process's own scratch folder: the isa_* ctest entries run this binary beside itself.
+  static const std::filesystem::path dir = testing::ScratchDir("specinfer_gguf_loader_test");
   auto path = (dir / name).string();
   std::ofstream(path, std::ios::binary).write(bytes.data(), bytes.size());
   return path;
