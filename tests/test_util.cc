@@ -128,8 +128,8 @@ void WriteDraftVocabGguf(const std::string& llama2c_path, const std::vector<int3
                            rms_final = read(dim);
   ASSERT_TRUE(in.good()) << llama2c_path << " is shorter than its header says";
   std::vector<float> rows(table.size() * static_cast<size_t>(dim), 0.0f);
-  for (size_t r = 0; r < table.size(); ++r)
-    if (table[r] >= 0)
+  for (size_t r = 0; r < table.size(); ++r)  // ids outside the checkpoint (bad tables): zeros
+    if (table[r] >= 0 && table[r] < vocab)
       std::memcpy(&rows[r * dim], &emb[static_cast<size_t>(table[r]) * dim], dim * 4);
   GgufWriter g;
   g.KvString("general.architecture", "llama");

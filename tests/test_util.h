@@ -40,7 +40,8 @@ void WriteFile(const std::filesystem::path& path, const std::string& bytes);
 
 // A GGUF draft model with its own vocabulary (spec/draft_vocab.h) made from the llama2.c
 // checkpoint `llama2c_path` (float32, shared classifier): row r of its embedding is the
-// checkpoint's row table[r] (zeros for -1, the "other tokens" row), with
+// checkpoint's row table[r] (zeros for -1, the "other tokens" row, and for ids the checkpoint
+// lacks, so that bad tables can be written too), with
 // `specinfer.draft_token_ids` = table and the same layers. So for a context of tokens in the
 // table it computes the checkpoint's logits at those tokens. Written to `path`.
 void WriteDraftVocabGguf(const std::string& llama2c_path, const std::vector<int32_t>& table,
