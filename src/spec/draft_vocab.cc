@@ -38,11 +38,6 @@ StatusOr<DraftVocab> DraftVocab::Create(std::span<const int32_t> llm_ids, int32_
   return v;
 }
 
-void DraftVocab::ToDraft(std::span<const int32_t> tokens, std::vector<int32_t>& out) const {
-  out.resize(tokens.size());
-  for (size_t i = 0; i < tokens.size(); ++i) out[i] = ToDraft(tokens[i]);
-}
-
 void DraftVocab::WidenLogits(std::span<const float> draft, size_t rows,
                              std::span<float> llm) const {
   const size_t dv = to_llm_.size(), lv = to_draft_.size();

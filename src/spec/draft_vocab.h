@@ -37,7 +37,6 @@ class DraftVocab {
   // The draft row that LLM token `token` reads as: its own row, else the "other" row (row 0
   // when the table has none; such a draft was trained without one).
   int32_t ToDraft(int32_t token) const { return to_draft_[static_cast<size_t>(token)]; }
-  void ToDraft(std::span<const int32_t> tokens, std::vector<int32_t>& out) const;
 
   // Widens `rows` rows of draft logits ([rows, size()]) into [rows, llm_vocab()]: each row's
   // logits at their LLM ids, -infinity at every other id (and at the "other" row's).
