@@ -432,47 +432,6 @@ __host__ __device__ constexpr bool UsesMma(ElemType t, int64_t cols) {
   return (t == ElemType::kF16 || t == ElemType::kBF16) && cols % 32 == 0;
 }
 
-// Two 16-bit values as one register, the first in the low half.
-template <bool kBf16>
-__device__ __forceinline__ uint32_t Pack2(float a, float b) {
-  uint16_t lo, hi;
-  if constexpr (kBf16) {
-    lo = __bfloat16_as_ushort(__float2bfloat16_rn(a));
-    hi = __bfloat16_as_ushort(__float2bfloat16_rn(b));
-  } else {
-    lo = __half_as_ushort(__float2half_rn(a));
-    hi = __half_as_ushort(__float2half_rn(b));
-  }
-  return static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16;
-}
-
-template <bool kBf16>
-__device__ __forceinline__ float Round16(float v) {
-  if constexpr (kBf16) {
-    return __bfloat162float(__float2bfloat16_rn(v));
-  } else {
-    return __half2float(__float2half_rn(v));
-  }
-}
-
-// The B fragments of one step for this lane's token: parts[p][0..1] for the first product
-// (columns c..c+3), parts[p][2..3] for the second (c+4..c+7). v: x * scale for those columns.
-template <bool kBf16>
-__device__ __forceinline__ void SplitParts(float (&v)[8], uint32_t (&parts)[kBf16 ? 3 : 2][4]) {
-  constexpr int kParts = kBf16 ? 3 : 2;
-#pragma unroll
-  for (int p = 0; p < kParts; ++p) {
-    float r[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      r[i] = p + 1 < kParts ? Round16<kBf16>(v[i]) : v[i];
-      v[i] = __fsub_rn(v[i], r[i]);  // exact: what the next part must carry
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) parts[p][i] = Pack2<kBf16>(r[2 * i], r[2 * i + 1]);
-  }
-}
-
 // log2 of the F16 scale of a token whose largest |x| is max_abs: max_abs 2^shift in [2^13, 2^14)
 // (0 for zeros or infinities).
 __device__ __forceinline__ int ScaleShift(float max_abs) {
@@ -484,7 +443,9 @@ __device__ __forceinline__ int ScaleShift(float max_abs) {
 
 // Where the pre-split activations start in the scratch (floats; 16-byte aligned): after the F16
 // scales, scale[t] and scale[n + t] = 1 / scale[t].
-__host__ __device__ constexpr int64_t PartsOffset(int32_t n) { return (2 * int64_t{n} + 3) / 4 * 4; }
+__host__ __device__ constexpr int64_t PartsOffset(int32_t n) {
+  return (2 * int64_t{n} + 3) / 4 * 4;
+}
 
 // For more than 8 tokens the activations are split once, here, rather than by every block of the
 // product: parts[p][t][c] (16-bit), p < 2 (F16) or 3 (BF16), by the same arithmetic as the
