@@ -4,6 +4,8 @@
 #include "device_types.cuh"
 #include "launch.cuh"
 #include "tree_attention.cuh"
+#include "tree_attention_internal.cuh"
+#include "tree_attention_window.cuh"
 
 namespace specinfer::kernels {
 namespace {
@@ -21,38 +23,6 @@ static_assert(kTile == 32 && kThreads == kTile * kParts, "scores: one thread per
 static_assert(kTile % 8 == 0, "window tiles: V rows loaded 8 keys at a time");
 static_assert(kRows % kScoreRows == 0, "score row groups stay inside the block's rows");
 static_assert(kRowsPerWarp % 2 == 0, "softmax: row pairs");
-
-// Window entries row i sees: the set bits of its mask row (causal: i + 1).
-__device__ __forceinline__ int32_t VisibleWindow(const TreeAttentionRequest& rq,
-                                                 const uint64_t* __restrict__ mask_words,
-                                                 int32_t i) {
-  if (rq.mask_begin < 0) return i + 1;
-  const uint64_t* row =
-      mask_words + rq.mask_begin + static_cast<int64_t>(i) * rq.mask_words_per_row;
-  int32_t n = 0;
-  for (int32_t w = 0; w < rq.mask_words_per_row; ++w) n += __popcll(row[w]);
-  return n;
-}
-
-// Window index of the n-th (from 0) window entry row i sees.
-__device__ __forceinline__ int32_t WindowEntry(const TreeAttentionRequest& rq,
-                                               const uint64_t* __restrict__ mask_words, int32_t i,
-                                               int32_t n) {
-  if (rq.mask_begin < 0) return n;
-  const uint64_t* row =
-      mask_words + rq.mask_begin + static_cast<int64_t>(i) * rq.mask_words_per_row;
-  for (int32_t w = 0; w < rq.mask_words_per_row; ++w) {
-    uint64_t word = row[w];
-    const int32_t pc = __popcll(word);
-    if (n >= pc) {
-      n -= pc;
-      continue;
-    }
-    for (; n > 0; --n) word &= word - 1;  // drop the n lowest set bits
-    return w * 64 + __ffsll(static_cast<long long>(word)) - 1;
-  }
-  return 0;  // unreachable for n < VisibleWindow(rq, mask_words, i)
-}
 
 // Shared-memory layout (bytes) and the fixed arithmetic of a head row of kDMax elements of T.
 template <typename T, int kDMax>
@@ -250,14 +220,8 @@ __global__ void __launch_bounds__(kThreads, (MinBlocks<T, kDMax>()))
   // depends only on the keys it sees: a tree node gets bit for bit what decoding its path one
   // token at a time gets, and a request what it gets in any batch (see the header). end_s: where
   // each row's keys stop in this chunk (virtual index).
-  if (threadIdx.x < kRows) {
-    int32_t e = 0;
-    if (static_cast<int32_t>(threadIdx.x) < rows) {
-      const int32_t i = (wi.row_begin + static_cast<int32_t>(threadIdx.x)) / group;
-      e = min(rq.kv_prefix + VisibleWindow(rq, p.mask_words, i), c0 + p.kv_chunk);
-    }
-    end_s[threadIdx.x] = e;
-  }
+  if (threadIdx.x < kRows)
+    end_s[threadIdx.x] = RowEnd(p, rq, wi, static_cast<int32_t>(threadIdx.x), rows);
   __syncthreads();
   int32_t c1 = c0;  // end of the chunk's keys over all rows
   for (int r = 0; r < rows; ++r) c1 = max(c1, end_s[r]);
@@ -613,19 +577,18 @@ cudaError_t LaunchTyped(const TreeAttentionParams& p, cudaStream_t stream) {
       cudaFuncSetAttribute(reinterpret_cast<const void*>(&TreeAttentionKernel<T, OutT, kDMax>),
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr != cudaSuccess) return attr;
-  if (p.num_work > 0) {
-    SPECINFER_LAUNCH(dim3(p.num_work, p.kv_heads), kThreads, smem, stream,
-                     TreeAttentionKernel<T, OutT, kDMax>)
-    (p);
-    cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-  }
-  if (p.any_split) {
-    SPECINFER_LAUNCH(dim3(p.num_tokens, p.qo_heads), 128, 0, stream, TreeAttentionMergeKernel<OutT>)
-    (p);
-    return cudaGetLastError();
-  }
-  return cudaSuccess;
+  if (p.num_work == 0) return cudaSuccess;
+  SPECINFER_LAUNCH(dim3(p.num_work, p.kv_heads), kThreads, smem, stream,
+                   TreeAttentionKernel<T, OutT, kDMax>)
+  (p);
+  return cudaGetLastError();
+}
+
+template <typename OutT>
+cudaError_t LaunchMerge(const TreeAttentionParams& p, cudaStream_t stream) {
+  SPECINFER_LAUNCH(dim3(p.num_tokens, p.qo_heads), 128, 0, stream, TreeAttentionMergeKernel<OutT>)
+  (p);
+  return cudaGetLastError();
 }
 
 template <typename T, typename OutT>
@@ -638,25 +601,53 @@ cudaError_t LaunchForHeadDim(const TreeAttentionParams& p, cudaStream_t stream) 
 
 }  // namespace
 
-cudaError_t LaunchTreeAttention(const TreeAttentionParams& p, AttnType in_type, bool out_float,
-                                cudaStream_t stream) {
+namespace {
+
+cudaError_t Launch(const TreeAttentionParams& p, AttnType in_type, bool out_float, bool mma,
+                   cudaStream_t stream) {
   if (p.head_dim <= 0 || p.head_dim > kTreeAttnMaxHeadDim || p.kv_heads <= 0 ||
       p.qo_heads % p.kv_heads != 0 || p.block_size <= 0 || p.kv_chunk <= 0 ||
       p.kv_chunk % kTile != 0 || p.num_tokens <= 0 || p.kv_heads > 65535 || p.qo_heads > 65535 ||
+      p.rows_per_item != (mma ? kTreeAttnMmaRowsPerBlock : kTreeAttnRowsPerBlock) ||
       (p.any_split &&
        (p.partial_out == nullptr || p.partial_ml == nullptr || p.token_request == nullptr)))
     return cudaErrorInvalidValue;
-  switch (in_type) {
-    case AttnType::kF32:
-      return LaunchForHeadDim<float, float>(p, stream);
-    case AttnType::kF16:
-      return out_float ? LaunchForHeadDim<__half, float>(p, stream)
-                       : LaunchForHeadDim<__half, __half>(p, stream);
-    case AttnType::kBF16:
-      return out_float ? LaunchForHeadDim<__nv_bfloat16, float>(p, stream)
-                       : LaunchForHeadDim<__nv_bfloat16, __nv_bfloat16>(p, stream);
+  cudaError_t err = cudaSuccess;
+  if (mma) {
+    err = LaunchTreeAttentionMma(p, in_type, out_float, stream);
+  } else {
+    switch (in_type) {
+      case AttnType::kF32:
+        err = LaunchForHeadDim<float, float>(p, stream);
+        break;
+      case AttnType::kF16:
+        err = out_float ? LaunchForHeadDim<__half, float>(p, stream)
+                        : LaunchForHeadDim<__half, __half>(p, stream);
+        break;
+      case AttnType::kBF16:
+        err = out_float ? LaunchForHeadDim<__nv_bfloat16, float>(p, stream)
+                        : LaunchForHeadDim<__nv_bfloat16, __nv_bfloat16>(p, stream);
+        break;
+      default:
+        return cudaErrorInvalidValue;
+    }
   }
-  return cudaErrorInvalidValue;
+  if (err != cudaSuccess || !p.any_split) return err;
+  if (out_float || in_type == AttnType::kF32) return LaunchMerge<float>(p, stream);
+  return in_type == AttnType::kF16 ? LaunchMerge<__half>(p, stream)
+                                   : LaunchMerge<__nv_bfloat16>(p, stream);
+}
+
+}  // namespace
+
+cudaError_t LaunchTreeAttention(const TreeAttentionParams& p, AttnType in_type, bool out_float,
+                                cudaStream_t stream) {
+  return Launch(p, in_type, out_float, TreeAttentionUsesMma(in_type, p.head_dim), stream);
+}
+
+cudaError_t LaunchTreeAttentionCudaCores(const TreeAttentionParams& p, AttnType in_type,
+                                         bool out_float, cudaStream_t stream) {
+  return Launch(p, in_type, out_float, /*mma=*/false, stream);
 }
 
 }  // namespace specinfer::kernels

@@ -34,6 +34,17 @@
 //   window (the last few of a row) are read per row from global memory by the row's warp.
 //   Requests cut into several chunks write partial (max, sum, output) rows that a second
 //   kernel merges. head_dim <= 256.
+// Tensor-core path (kernels/tree_attention_mma.cu): fp16/bf16 inputs with head_dim 64 or 128
+//   always take it (whatever the batch, so the property above holds within it). The same virtual
+//   sequence and tiles; a block holds 64 rows (4 warps x 16), and every tile, shared or not, goes
+//   through the same warp-level arithmetic: scores q . k as mma.sync m16n8k16 (16-bit q and k,
+//   products exact, float32 accumulation over head_dim in 16-wide steps), the tile's softmax in the
+//   fragments (max and a fixed sum per row, quad butterflies), and p.V as mma with p split into
+//   16-bit parts whose sum is p to about float32 precision (fp16: p * 2^15 in two parts, so the
+//   low part stays normal; bf16: three parts). A tile reaching into a tree's window is gathered
+//   per token (its row's compacted keys in the same tile positions) into the warp's own shared
+//   memory and run with only that token's rows active; the rows of an mma do not affect each
+//   other's results (mma.cuh), so a row's bits depend only on its keys, as above.
 // Tolerance against the CPU reference (float32 K/V): 2e-5 + 2e-5 |ref|; with fp16/bf16 inputs
 //   against an fp64 reference on the same rounded inputs: 1e-3 + 1e-3 |ref| (fp16), 1e-2 (bf16)
 //   when OutT is the 16-bit type (its rounding dominates), 2e-5 when OutT is float32.
@@ -48,8 +59,19 @@ namespace specinfer::kernels {
 inline constexpr int kTreeAttnRowsPerBlock = 16;  // (token, group head) rows per work item
 inline constexpr int kTreeAttnTileKv = 32;        // KV positions per shared-memory tile
 inline constexpr int kTreeAttnMaxHeadDim = 256;
+inline constexpr int kTreeAttnMmaRowsPerBlock = 64;  // rows per work item on tensor cores
 
 enum class AttnType : int32_t { kF32, kF16, kBF16 };
+
+// Whether attention over inputs of in_type with this head size runs on tensor cores (see the
+// header comment): a fixed choice, so a token's result does not depend on its batch.
+inline constexpr bool TreeAttentionUsesMma(AttnType in_type, int32_t head_dim) {
+  return in_type != AttnType::kF32 && (head_dim == 64 || head_dim == 128);
+}
+// The rows per work item the plan must cut for that kernel.
+inline constexpr int32_t TreeAttentionRowsPerItem(AttnType in_type, int32_t head_dim) {
+  return TreeAttentionUsesMma(in_type, head_dim) ? kTreeAttnMmaRowsPerBlock : kTreeAttnRowsPerBlock;
+}
 
 // One request of the batch (host-filled; num_chunks and partial_begin by the plan).
 struct TreeAttentionRequest {
@@ -66,9 +88,9 @@ struct TreeAttentionRequest {
                               // qo_heads + h after it
 };
 
-// One block's work: rows [row_begin, row_begin + 16) of request `request`, row = i * group + g
-// (token i, query head kvh * group + g), over KV positions [chunk * kv_chunk, (chunk + 1) *
-// kv_chunk).
+// One block's work: rows [row_begin, row_begin + rows_per_item) of request `request`, row = i *
+// group + g (token i, query head kvh * group + g), over KV positions [chunk * kv_chunk, (chunk + 1)
+// * kv_chunk).
 struct TreeAttentionWorkItem {
   int32_t request = 0;
   int32_t row_begin = 0;
@@ -93,7 +115,13 @@ struct TreeAttentionParams {
   int32_t kv_heads = 0;
   int32_t head_dim = 0;
   int32_t block_size = 0;
-  int32_t kv_chunk = 0;    // multiple of kTreeAttnTileKv
+  int32_t kv_chunk = 0;  // multiple of kTreeAttnTileKv
+  // Rows per work item of the plan: TreeAttentionRowsPerItem(in_type, head_dim), checked.
+  int32_t rows_per_item = kTreeAttnRowsPerBlock;
+  // The most window entries (masked_kv + token_count) of a masked request (plan): the
+  // tensor-core kernel sizes its shared window for them (a larger one is read from global memory,
+  // with the same result, slower).
+  int32_t max_window = 0;
   float scale = 0.0f;      // usually 1 / sqrt(head_dim)
   bool any_split = false;  // some request has num_chunks > 1: run the merge
 };

@@ -5,7 +5,9 @@
    committed context fully visible, the token tree's ancestor mask after it) against our fused
    kernel (build/bench_cuda_attention --csv) on the same shapes: trees of 8..128 tokens,
    contexts of 512..8192, batches of 1..32, fp16, Llama-2-7B's 32 heads of 128. PyTorch gets
-   contiguous K/V (SDPA cannot read a paged cache); ours reads 16-position pages.
+   contiguous K/V (SDPA cannot read a paged cache); ours reads 16-position pages. Ours is timed
+   twice: as LaunchTreeAttention runs it (tensor cores for fp16 x 128) and with the CUDA-core
+   kernel fp16 ran before (--kernel cuda-cores), the baseline of the last column.
 2. Decode: Hugging Face transformers' greedy generate() on a random-weight Llama-2-7B-shaped
    model (fp16, on the GPU) against build/bench_cuda_step --decode, tokens per second after the
    same prompt length.
@@ -60,22 +62,27 @@ def time_cuda(torch, fn, iters):
 def bench_attention(args, torch):
     import torch.nn.functional as F
 
-    ours = {}
-    exe = os.path.join(args.build, "bench_cuda_attention")
-    cmd = [exe, "--csv", "--batch", args.batch, "--tree", args.tree, "--context", args.context,
-           "--heads", str(args.heads), "--kv-heads", str(args.kv_heads),
-           "--head-dim", str(args.head_dim), "--iters", str(args.iters)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        b, t, c, us, gbps = line.split(",")
-        ours[(int(b), int(t), int(c))] = (float(us), float(gbps))
+    def run_ours(kernel):
+        exe = os.path.join(args.build, "bench_cuda_attention")
+        cmd = [exe, "--csv", "--batch", args.batch, "--tree", args.tree, "--context", args.context,
+               "--heads", str(args.heads), "--kv-heads", str(args.kv_heads),
+               "--head-dim", str(args.head_dim), "--iters", str(args.iters), "--kernel", kernel]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        result = {}
+        for line in out.splitlines():
+            b, t, c, us, gbps = line.split(",")
+            result[(int(b), int(t), int(c))] = (float(us), float(gbps))
+        return result
+
+    ours = run_ours("auto")  # the tensor-core kernel for these shapes
+    cores = run_ours("cuda-cores")  # the kernel fp16 ran before it: the baseline
 
     gen = torch.Generator().manual_seed(0)
     dev = "cuda"
     print(f"\nTree attention, fp16, heads {args.heads}/{args.kv_heads} x {args.head_dim} "
           f"(median us per call; ours reads a paged cache)")
     print(f"{'batch':>5} {'tree':>5} {'context':>7} {'SDPA+mask us':>13} {'ours us':>9} "
-          f"{'speed-up':>8} {'ours GB/s':>9}")
+          f"{'speed-up':>8} {'ours GB/s':>9} {'CUDA-core us':>12} {'vs CUDA-core':>12}")
     gqa = args.heads != args.kv_heads
     for b in parse_list(args.batch):
         for t in parse_list(args.tree):
@@ -99,8 +106,10 @@ def bench_attention(args, torch):
                     fn = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
                 torch_us = time_cuda(torch, fn, args.iters)
                 o_us, o_gbps = ours.get((b, t, c), (float("nan"), float("nan")))
+                c_us = cores.get((b, t, c), (float("nan"), float("nan")))[0]
                 print(f"{b:>5} {t:>5} {c:>7} {torch_us:>13.1f} {o_us:>9.1f} "
-                      f"{torch_us / o_us:>8.2f} {o_gbps:>9.1f}", flush=True)
+                      f"{torch_us / o_us:>8.2f} {o_gbps:>9.1f} {c_us:>12.1f} {c_us / o_us:>12.2f}",
+                      flush=True)
                 del q, k, v, mask
                 torch.cuda.empty_cache()
 

@@ -8,9 +8,12 @@
 //
 //   bench_cuda_attention [--batch 1,8,32] [--tree 8,32,64,128] [--context 512,2048,8192]
 //                        [--heads 32] [--kv-heads 32] [--head-dim 128] [--iters 50] [--csv]
+//                        [--kernel auto|cuda-cores]
 //
 // Defaults are Llama-2-7B's attention (32 heads of 128, no GQA). --csv prints
-// batch,tree,context,us,gbps lines (scripts/bench_cuda_vs_torch.py reads them).
+// batch,tree,context,us,gbps lines (scripts/bench_cuda_vs_torch.py reads them). --kernel
+// cuda-cores times the CUDA-core kernel that fp16 took before the tensor-core one (the baseline
+// of tree_attention_mma.cu); auto, the default, is what LaunchTreeAttention runs.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -28,6 +31,7 @@
 #include "backend/cuda/tree_attention_plan.h"
 #include "random_fill.cuh"
 #include "tree_attention.cuh"
+#include "tree_attention_internal.cuh"
 
 namespace specinfer {
 namespace {
@@ -47,6 +51,7 @@ struct Options {
   std::vector<int> context = {512, 2048, 8192};
   int heads = 32, kv_heads = 32, head_dim = 128, iters = 50, block_size = 16;
   bool csv = false;
+  std::string kernel = "auto";
 };
 
 template <typename T>
@@ -96,8 +101,14 @@ bool RunOne(const Options& o, int batch, int tree, int context, int num_sms) {
   po.qo_heads = o.heads;
   po.kv_heads = o.kv_heads;
   po.head_dim = o.head_dim;
-  po.target_blocks = 2 * num_sms;
+  const bool cuda_cores = o.kernel == "cuda-cores";
+  // Blocks that fill the GPU once: the tensor-core kernel keeps 2 blocks per SM, the CUDA-core
+  // kernel 4 (its launch bounds for fp16 x 128).
+  po.target_blocks = (cuda_cores ? 4 : 2) * num_sms;
   po.partial_capacity_rows = int64_t{batch} * tree * o.heads * 64;
+  po.rows_per_item = cuda_cores
+                         ? kernels::kTreeAttnRowsPerBlock
+                         : kernels::TreeAttentionRowsPerItem(kernels::AttnType::kF16, o.head_dim);
   auto plan = cuda::PlanTreeAttention(reqs, po);
   if (!plan.ok()) {
     std::fprintf(stderr, "error: %s\n", plan.status().ToString().c_str());
@@ -146,6 +157,8 @@ bool RunOne(const Options& o, int batch, int tree, int context, int num_sms) {
   p.head_dim = o.head_dim;
   p.block_size = bs;
   p.kv_chunk = plan->kv_chunk;
+  p.rows_per_item = plan->rows_per_item;
+  p.max_window = plan->max_window;
   p.scale = 1.0f / std::sqrt(static_cast<float>(o.head_dim));
   p.any_split = plan->any_split;
 
@@ -155,7 +168,10 @@ bool RunOne(const Options& o, int batch, int tree, int context, int num_sms) {
   std::vector<float> ms;
   for (int i = 0; i < o.iters + 3; ++i) {
     BENCH_CHECK(cudaEventRecord(start));
-    BENCH_CHECK(kernels::LaunchTreeAttention(p, kernels::AttnType::kF16, false, nullptr));
+    BENCH_CHECK(
+        cuda_cores
+            ? kernels::LaunchTreeAttentionCudaCores(p, kernels::AttnType::kF16, false, nullptr)
+            : kernels::LaunchTreeAttention(p, kernels::AttnType::kF16, false, nullptr));
     BENCH_CHECK(cudaEventRecord(stop));
     BENCH_CHECK(cudaEventSynchronize(stop));
     float t = 0;
@@ -195,6 +211,7 @@ int main(int argc, char** argv) {
   app.add_option("--head-dim", o.head_dim);
   app.add_option("--iters", o.iters);
   app.add_flag("--csv", o.csv);
+  app.add_option("--kernel", o.kernel)->check(CLI::IsMember({"auto", "cuda-cores"}));
   CLI11_PARSE(app, argc, argv);
   if (cuda::DeviceCount() == 0) {
     std::fprintf(stderr, "error: no CUDA device found: this benchmark needs a GPU\n");
@@ -208,8 +225,8 @@ int main(int argc, char** argv) {
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   auto desc = cuda::DeviceDescription(0);
   if (!o.csv)
-    std::printf("%s, %d SMs; heads %d/%d x %d, fp16\n", desc.ok() ? desc->c_str() : "?", sms,
-                o.heads, o.kv_heads, o.head_dim);
+    std::printf("%s, %d SMs; heads %d/%d x %d, fp16; kernel %s\n", desc.ok() ? desc->c_str() : "?",
+                sms, o.heads, o.kv_heads, o.head_dim, o.kernel.c_str());
   for (int b : o.batch)
     for (int t : o.tree)
       for (int c : o.context)

@@ -8,8 +8,8 @@
 #include <set>
 #include <tuple>
 
-#include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_runner.h"
 #include "backend/cuda/tree_attention_plan.h"
 #include "engine/engine.h"
@@ -36,8 +36,8 @@ std::vector<TreeAttentionRequest> RandomRequests(std::mt19937& rng, int32_t coun
   return reqs;
 }
 
-// Every (request, 16-row tile, chunk) is one work item, exactly once; partial rows of split
-// requests are disjoint and inside the capacity; tokens map to their requests.
+// Every (request, tile of plan.rows_per_item rows, chunk) is one work item, exactly once; partial
+// rows of split requests are disjoint and inside the capacity; tokens map to their requests.
 void ExpectPlanCovers(const std::vector<TreeAttentionRequest>& reqs,
                       const cuda::TreeAttentionPlan& plan, int32_t qo_heads, int32_t group,
                       int64_t capacity) {
@@ -46,7 +46,7 @@ void ExpectPlanCovers(const std::vector<TreeAttentionRequest>& reqs,
     ASSERT_GE(w.request, 0);
     ASSERT_LT(w.request, static_cast<int32_t>(reqs.size()));
     const auto& r = reqs[static_cast<size_t>(w.request)];
-    EXPECT_EQ(w.row_begin % kernels::kTreeAttnRowsPerBlock, 0);
+    EXPECT_EQ(w.row_begin % plan.rows_per_item, 0);
     EXPECT_LT(w.row_begin, r.token_count * group);
     EXPECT_LT(w.chunk, r.num_chunks);
     EXPECT_TRUE(seen.insert({w.request, w.row_begin, w.chunk}).second) << "duplicate work item";
@@ -59,8 +59,7 @@ void ExpectPlanCovers(const std::vector<TreeAttentionRequest>& reqs,
     EXPECT_GE(static_cast<int64_t>(r.num_chunks) * plan.kv_chunk, r.kv_len);
     EXPECT_LT(static_cast<int64_t>(r.num_chunks - 1) * plan.kv_chunk, std::max(r.kv_len, 1));
     expected_items += static_cast<int64_t>(r.num_chunks) *
-                      ((r.token_count * group + kernels::kTreeAttnRowsPerBlock - 1) /
-                       kernels::kTreeAttnRowsPerBlock);
+                      ((r.token_count * group + plan.rows_per_item - 1) / plan.rows_per_item);
     if (r.num_chunks > 1)
       ranges.push_back({r.partial_begin, r.partial_begin + static_cast<int64_t>(r.num_chunks) *
                                                                r.token_count * qo_heads});
@@ -89,6 +88,9 @@ TEST(CudaHostPlan, CoversEveryRowTileAndChunkOnce) {
         o.head_dim = 128;
         o.partial_capacity_rows = capacity;
         o.fixed_chunk = fixed;
+        // The CUDA-core kernel's 16 rows per item, or the tensor-core kernel's 64.
+        o.rows_per_item = kernels::TreeAttentionRowsPerItem(
+            count % 2 ? kernels::AttnType::kF32 : kernels::AttnType::kF16, o.head_dim);
         auto plan = cuda::PlanTreeAttention(reqs, o);
         if (fixed > 0 && !plan.ok()) {
           // A fixed chunk that needs more partial rows than the workspace holds is an error.
@@ -99,6 +101,7 @@ TEST(CudaHostPlan, CoversEveryRowTileAndChunkOnce) {
         if (fixed > 0) {
           EXPECT_EQ(plan->kv_chunk, fixed);
         }
+        EXPECT_EQ(plan->rows_per_item, o.rows_per_item);
         if (capacity == 0 && fixed == 0) {
           EXPECT_FALSE(plan->any_split);
         }
@@ -121,7 +124,11 @@ TEST(CudaHostPlan, SplitsOnlyWhenTheGpuWouldIdle) {
   auto p1 = cuda::PlanTreeAttention(one, o);
   ASSERT_TRUE(p1.ok());
   EXPECT_TRUE(p1->any_split);
-  EXPECT_GE(static_cast<int64_t>(p1->work.size()) * o.kv_heads, o.target_blocks);
+  // One wave of blocks that fills most of the GPU (not a few more than fit, which would take a
+  // second wave for themselves).
+  const int64_t blocks = static_cast<int64_t>(p1->work.size()) * o.kv_heads;
+  EXPECT_LE(blocks, o.target_blocks);
+  EXPECT_GT(blocks, o.target_blocks * 3 / 4);
   ExpectPlanCovers(one, *p1, 32, 1, o.partial_capacity_rows);
 
   std::vector<TreeAttentionRequest> many(32);
@@ -148,6 +155,9 @@ TEST(CudaHostPlan, RejectsBadGeometry) {
   reqs[1].token_begin = 3;
   o.kv_heads = 3;  // 8 query heads do not group over 3
   EXPECT_EQ(cuda::PlanTreeAttention(reqs, o).status().code(), StatusCode::kInvalidArgument);
+  o.kv_heads = 8;
+  o.rows_per_item = 32;  // neither kernel's
+  EXPECT_EQ(cuda::PlanTreeAttention(reqs, o).status().code(), StatusCode::kInvalidArgument);
 }
 
 // Launchers check their shapes before touching the device.
@@ -158,6 +168,16 @@ TEST(CudaHostLaunch, BadShapesAreRefusedWithoutLaunching) {
   EXPECT_EQ(kernels::LaunchLinear(kernels::ElemType::kQ4_0, nullptr, 4, 48, nullptr, 1, nullptr, 0,
                                   nullptr),
             cudaErrorInvalidValue);  // 48 is not a multiple of the 32-element block
+  // A plan cut for the other tree-attention kernel's rows per item.
+  kernels::TreeAttentionParams tp;
+  tp.num_tokens = 1;
+  tp.qo_heads = tp.kv_heads = 8;
+  tp.head_dim = 128;
+  tp.block_size = 16;
+  tp.kv_chunk = kernels::kTreeAttnTileKv;
+  tp.rows_per_item = kernels::kTreeAttnRowsPerBlock;
+  EXPECT_EQ(kernels::LaunchTreeAttention(tp, kernels::AttnType::kF16, true, nullptr),
+            cudaErrorInvalidValue);
 }
 
 // --backend cuda: a clear error where there is no device (the runner is created otherwise).

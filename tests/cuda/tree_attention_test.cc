@@ -220,6 +220,7 @@ Result RunKernel(const Problem& p, const std::vector<RequestData>& data, uint32_
   po.target_blocks = 264;
   po.partial_capacity_rows = partial_capacity;
   po.fixed_chunk = fixed_chunk;
+  po.rows_per_item = kernels::TreeAttentionRowsPerItem(p.type, hd);
   auto plan = cuda::PlanTreeAttention(reqs, po);
   EXPECT_TRUE(plan.ok()) << plan.status().ToString();
   Result res;
@@ -259,6 +260,8 @@ Result RunKernel(const Problem& p, const std::vector<RequestData>& data, uint32_
   kp.head_dim = hd;
   kp.block_size = bs;
   kp.kv_chunk = plan->kv_chunk;
+  kp.rows_per_item = plan->rows_per_item;
+  kp.max_window = plan->max_window;
   kp.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   kp.any_split = plan->any_split;
   const cudaError_t err = kernels::LaunchTreeAttention(kp, p.type, out_float, nullptr);
@@ -434,8 +437,8 @@ TEST(CudaTreeAttention, FullyMaskedRowIsZero) {
 TEST(CudaTreeAttention, SplitKvEqualsUnsplit) {
   for (int32_t ctx : {513, 4097, 8191}) {
     Problem p;
-    p.qo_heads = 32;
-    p.kv_heads = 8;
+    p.qo_heads = 8;  // 4 query heads per KV head, as Llama-3-8B (fewer heads: emulator time)
+    p.kv_heads = 2;
     p.head_dim = 128;
     p.type = AttnType::kF16;
     p.reqs = {{1, ctx, 0, Shape::kRandomTree}, {4, ctx / 3, 0, Shape::kChain}};
@@ -454,34 +457,65 @@ TEST(CudaTreeAttention, SplitKvEqualsUnsplit) {
 
 // A tree that is a single chain, given as mask bits, equals causal attention (mask == null)
 // bit for bit.
+// With 16-bit inputs (the tensor-core kernel) the chain's rows are gathered token by token
+// into their warps' own tiles, the causal rows read shared tiles: the same bits.
 TEST(CudaTreeAttention, ChainTreeEqualsCausal) {
-  for (int32_t prefix : {0, 5, 300}) {
-    for (int32_t tokens : {1, 2, 31, 64, 100}) {
-      Problem p;
-      p.qo_heads = 8;
-      p.kv_heads = 2;
-      p.head_dim = 64;
-      p.reqs = {{tokens, prefix, 0, Shape::kChain}};
-      const Result chain = RunCase(p, 77, 0);
-      p.reqs[0].shape = Shape::kCausal;
-      const Result causal = RunCase(p, 77, 0);
-      EXPECT_ALL_CLOSE(chain.got, causal.got, 0.0, 0.0,
-                       "prefix " + std::to_string(prefix) + " tokens " + std::to_string(tokens));
+  for (AttnType type : {AttnType::kF32, AttnType::kF16, AttnType::kBF16}) {
+    for (int32_t prefix : {0, 5, 300}) {
+      for (int32_t tokens : {1, 2, 31, 64, 100}) {
+        Problem p;
+        p.qo_heads = 8;
+        p.kv_heads = 2;
+        p.head_dim = 64;
+        p.type = type;
+        p.reqs = {{tokens, prefix, 0, Shape::kChain}};
+        const Result chain = RunCase(p, 77, 0);
+        p.reqs[0].shape = Shape::kCausal;
+        const Result causal = RunCase(p, 77, 0);
+        EXPECT_ALL_CLOSE(chain.got, causal.got, 0.0, 0.0,
+                         "prefix " + std::to_string(prefix) + " tokens " + std::to_string(tokens) +
+                             " type " + std::to_string(static_cast<int>(type)));
+      }
     }
   }
+}
+
+// A window too large for the tensor-core kernel's shared memory (head_dim 128: about 390 rows)
+// is gathered token by token from global memory instead: still the causal result bit for bit,
+// and the reference's.
+TEST(CudaTreeAttention, WindowLargerThanSharedMemoryEqualsCausal) {
+  Problem p;
+  p.qo_heads = 2;
+  p.kv_heads = 1;
+  p.head_dim = 128;
+  p.type = AttnType::kF16;
+  p.reqs = {{400, 7, 0, Shape::kChain}};
+  const Result chain = RunCase(p, 88, 0);
+  EXPECT_ALL_CLOSE(chain.got, chain.want, 2e-5, 2e-5, "chain vs reference");
+  p.reqs[0].shape = Shape::kCausal;
+  const Result causal = RunCase(p, 88, 0);
+  EXPECT_ALL_CLOSE(chain.got, causal.got, 0.0, 0.0, "chain vs causal");
 }
 
 // Every node of a tree gets bit for bit what it gets when its root-to-node path is decoded one
 // token at a time (the path's earlier nodes committed, the node alone with a causal mask): the
 // property that keeps speculative greedy output equal to incremental output. With and without
 // KV chunks (a fixed chunk of 64 puts chunk boundaries inside the path).
+// Also on tensor cores (fp16, bf16), with 3 query heads per KV head (a token's rows then cross
+// the warps' 16-row boundaries) and head_dim 128.
 TEST(CudaTreeAttention, TreeNodeEqualsItsPathDecodedOneByOne) {
-  for (AttnType type : {AttnType::kF32, AttnType::kF16}) {
+  struct Heads {
+    int32_t qo, kv, hd;
+  };
+  for (AttnType type : {AttnType::kF32, AttnType::kF16, AttnType::kBF16}) {
     for (int32_t prefix : {0, 45, 100, 300}) {
+      const Heads heads = prefix == 45    ? Heads{9, 3, 64}
+                          : prefix == 100 ? Heads{4, 4, 128}
+                                          : Heads{8, 2, 64};
       Problem p;
-      p.qo_heads = 8;
-      p.kv_heads = 2;
-      p.head_dim = 64;
+      p.qo_heads = heads.qo;
+      p.kv_heads = heads.kv;
+      p.head_dim = heads.hd;
       p.type = type;
       p.reqs = {{40, prefix, 0, Shape::kRandomTree}};
       const RequestData tree = MakeAll(p, 21 + prefix)[0];
@@ -526,30 +560,34 @@ TEST(CudaTreeAttention, TreeNodeEqualsItsPathDecodedOneByOne) {
 // Each request of a batch gets bit-identical results to running it alone (without splitting, or
 // with the runner's fixed chunk; pages laid out differently).
 TEST(CudaTreeAttention, BatchedEqualsOneRequest) {
-  Problem p;
-  p.qo_heads = 8;
-  p.kv_heads = 4;
-  p.head_dim = 64;
-  p.reqs = {{1, 900, 0, Shape::kRandomTree},
-            {16, 40, 0, Shape::kRandomTree},
-            {30, 0, 0, Shape::kCausal},
-            {3, 200, 4, Shape::kRandomTree}};
-  const std::vector<RequestData> data = MakeAll(p, 5);
-  for (int32_t fixed : {0, 256}) {
-    const int64_t cap = fixed ? 1 << 22 : 0;
-    const Result batch = RunKernel(p, data, 6, cap, fixed, true);
-    EXPECT_ALL_CLOSE(batch.got, Reference(p, data), 2e-5, 2e-5, "batch");
-    size_t offset = 0;
-    for (size_t i = 0; i < data.size(); ++i) {
-      Problem one = p;
-      one.reqs = {p.reqs[i]};
-      const Result alone =
-          RunKernel(one, {data[i]}, 7 + static_cast<uint32_t>(i), cap, fixed, true);
-      const std::vector<float> part(batch.got.begin() + offset,
-                                    batch.got.begin() + offset + alone.got.size());
-      EXPECT_ALL_CLOSE(alone.got, part, 0.0, 0.0,
-                       "request " + std::to_string(i) + " fixed chunk " + std::to_string(fixed));
-      offset += alone.got.size();
+  for (AttnType type : {AttnType::kF32, AttnType::kF16}) {
+    Problem p;
+    p.qo_heads = 8;
+    p.kv_heads = 4;
+    p.head_dim = 64;
+    p.type = type;
+    p.reqs = {{1, 900, 0, Shape::kRandomTree},
+              {16, 40, 0, Shape::kRandomTree},
+              {30, 0, 0, Shape::kCausal},
+              {3, 200, 4, Shape::kRandomTree}};
+    const std::vector<RequestData> data = MakeAll(p, 5);
+    for (int32_t fixed : {0, 256}) {
+      const int64_t cap = fixed ? 1 << 22 : 0;
+      const Result batch = RunKernel(p, data, 6, cap, fixed, true);
+      EXPECT_ALL_CLOSE(batch.got, Reference(p, data), 2e-5, 2e-5, "batch");
+      size_t offset = 0;
+      for (size_t i = 0; i < data.size(); ++i) {
+        Problem one = p;
+        one.reqs = {p.reqs[i]};
+        const Result alone =
+            RunKernel(one, {data[i]}, 7 + static_cast<uint32_t>(i), cap, fixed, true);
+        const std::vector<float> part(batch.got.begin() + offset,
+                                      batch.got.begin() + offset + alone.got.size());
+        EXPECT_ALL_CLOSE(alone.got, part, 0.0, 0.0,
+                         "request " + std::to_string(i) + " fixed chunk " + std::to_string(fixed) +
+                             " type " + std::to_string(static_cast<int>(type)));
+        offset += alone.got.size();
+      }
     }
   }
 }

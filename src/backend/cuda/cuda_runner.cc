@@ -843,6 +843,7 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
   po.target_blocks = 2 * num_sms;
   po.partial_capacity_rows = partial_rows;
   po.fixed_chunk = attn_chunk;
+  po.rows_per_item = kernels::TreeAttentionRowsPerItem(kv_type, c.head_dim);
   SI_ASSIGN_OR_RETURN(TreeAttentionPlan ap, PlanTreeAttention(reqs, po));
 
   // Rows whose logits are wanted in this piece: (local row, index in batch.logit_rows).
@@ -896,6 +897,8 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
   ap_params.head_dim = c.head_dim;
   ap_params.block_size = bs;
   ap_params.kv_chunk = ap.kv_chunk;
+  ap_params.rows_per_item = ap.rows_per_item;
+  ap_params.max_window = ap.max_window;
   ap_params.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   ap_params.any_split = ap.any_split;
 

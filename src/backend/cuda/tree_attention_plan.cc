@@ -13,9 +13,11 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 StatusOr<TreeAttentionPlan> PlanTreeAttention(std::span<kernels::TreeAttentionRequest> requests,
                                               const TreeAttentionPlanOptions& o) {
-  using kernels::kTreeAttnRowsPerBlock;
   using kernels::kTreeAttnTileKv;
-  if (o.qo_heads <= 0 || o.kv_heads <= 0 || o.qo_heads % o.kv_heads != 0 || o.head_dim <= 0 ||
+  const int32_t rows_per_item = o.rows_per_item;
+  if ((rows_per_item != kernels::kTreeAttnRowsPerBlock &&
+       rows_per_item != kernels::kTreeAttnMmaRowsPerBlock) ||
+      o.qo_heads <= 0 || o.kv_heads <= 0 || o.qo_heads % o.kv_heads != 0 || o.head_dim <= 0 ||
       o.head_dim > kernels::kTreeAttnMaxHeadDim)
     return InvalidArgumentError("tree attention plan: bad head geometry");
   const int64_t group = o.qo_heads / o.kv_heads;
@@ -28,7 +30,8 @@ StatusOr<TreeAttentionPlan> PlanTreeAttention(std::span<kernels::TreeAttentionRe
       return InvalidArgumentError("tree attention plan: requests not contiguous and non-empty");
     r.kv_len = r.kv_prefix + r.masked_kv + r.token_count;
     max_kv = std::max(max_kv, r.kv_len);
-    base_blocks += CeilDiv(r.token_count * group, kTreeAttnRowsPerBlock) * o.kv_heads;
+    if (r.mask_begin >= 0) plan.max_window = std::max(plan.max_window, r.masked_kv + r.token_count);
+    base_blocks += CeilDiv(r.token_count * group, rows_per_item) * o.kv_heads;
     expect += r.token_count;
   }
   plan.num_tokens = expect;
@@ -41,6 +44,9 @@ StatusOr<TreeAttentionPlan> PlanTreeAttention(std::span<kernels::TreeAttentionRe
     const int64_t splits = CeilDiv(o.target_blocks, std::max<int64_t>(base_blocks, 1));
     int64_t c = CeilDiv(CeilDiv(max_kv, splits), kTreeAttnTileKv) * kTreeAttnTileKv;
     c = std::max<int64_t>(c, CeilDiv(o.min_chunk, kTreeAttnTileKv) * kTreeAttnTileKv);
+    // Rounding to whole tiles can leave a few blocks more than fill the GPU once (a second wave
+    // for them alone): lengthen the chunk a tile at a time until the blocks fit.
+    while (c < chunk && base_blocks * CeilDiv(max_kv, c) > o.target_blocks) c += kTreeAttnTileKv;
     for (; c < chunk; c *= 2) {
       int64_t rows = 0;
       for (const auto& r : requests) {
@@ -54,8 +60,13 @@ StatusOr<TreeAttentionPlan> PlanTreeAttention(std::span<kernels::TreeAttentionRe
     }
   }
   plan.kv_chunk = static_cast<int32_t>(chunk);
+  plan.rows_per_item = rows_per_item;
 
   plan.token_request.resize(static_cast<size_t>(expect));
+  // Each request's last chunk comes first: it holds the tree's window, whose tiles run token by
+  // token and take longest, so those blocks start in the first wave and the others fill around
+  // them.
+  std::vector<kernels::TreeAttentionWorkItem> rest;
   for (size_t ri = 0; ri < requests.size(); ++ri) {
     auto& r = requests[ri];
     r.num_chunks = static_cast<int32_t>(CeilDiv(std::max(r.kv_len, 1), chunk));
@@ -68,10 +79,11 @@ StatusOr<TreeAttentionPlan> PlanTreeAttention(std::span<kernels::TreeAttentionRe
     std::fill_n(plan.token_request.begin() + r.token_begin, r.token_count,
                 static_cast<int32_t>(ri));
     const int32_t rows = static_cast<int32_t>(r.token_count * group);
-    for (int32_t c = 0; c < r.num_chunks; ++c)
-      for (int32_t row = 0; row < rows; row += kTreeAttnRowsPerBlock)
-        plan.work.push_back({static_cast<int32_t>(ri), row, c});
+    for (int32_t c = r.num_chunks - 1; c >= 0; --c)
+      for (int32_t row = 0; row < rows; row += rows_per_item)
+        (c == r.num_chunks - 1 ? plan.work : rest).push_back({static_cast<int32_t>(ri), row, c});
   }
+  plan.work.insert(plan.work.end(), rest.begin(), rest.end());
   if (plan.partial_rows > o.partial_capacity_rows)
     return ResourceExhaustedError("tree attention plan: " + std::to_string(plan.partial_rows) +
                                   " partial rows exceed the workspace's " +

@@ -32,6 +32,9 @@ struct TreeAttentionPlanOptions {
   // (what ForwardBatch::batch_invariant asks for). ResourceExhausted if the partial rows do not
   // fit. 0: the chunk adapts to the batch to fill the GPU.
   int32_t fixed_chunk = 0;
+  // (token, group head) rows per work item: kernels::TreeAttentionRowsPerItem of the launch's
+  // input type and head size (the tensor-core kernel takes 64 rows per block, the other 16).
+  int32_t rows_per_item = kernels::kTreeAttnRowsPerBlock;
 };
 
 struct TreeAttentionPlan {
@@ -39,6 +42,8 @@ struct TreeAttentionPlan {
   std::vector<int32_t> token_request;  // [num_tokens]: the request of each token
   int32_t num_tokens = 0;
   int32_t kv_chunk = 0;
+  int32_t rows_per_item = kernels::kTreeAttnRowsPerBlock;  // TreeAttentionParams::rows_per_item
+  int32_t max_window = 0;                                  // TreeAttentionParams::max_window
   int64_t partial_rows = 0;  // partial rows used
   bool any_split = false;
 };

@@ -1,0 +1,56 @@
+// Device code the two tree-attention kernels share: how a row's window entries are found from
+// its mask (tree_attention.cuh).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "tree_attention.cuh"
+
+namespace specinfer::kernels {
+
+// Window entries row i sees: the set bits of its mask row (causal: i + 1).
+__device__ __forceinline__ int32_t VisibleWindow(const TreeAttentionRequest& rq,
+                                                 const uint64_t* __restrict__ mask_words,
+                                                 int32_t i) {
+  if (rq.mask_begin < 0) return i + 1;
+  const uint64_t* row =
+      mask_words + rq.mask_begin + static_cast<int64_t>(i) * rq.mask_words_per_row;
+  int32_t n = 0;
+  for (int32_t w = 0; w < rq.mask_words_per_row; ++w) n += __popcll(row[w]);
+  return n;
+}
+
+// Window index of the n-th (from 0) window entry row i sees.
+__device__ __forceinline__ int32_t WindowEntry(const TreeAttentionRequest& rq,
+                                               const uint64_t* __restrict__ mask_words, int32_t i,
+                                               int32_t n) {
+  if (rq.mask_begin < 0) return n;
+  const uint64_t* row =
+      mask_words + rq.mask_begin + static_cast<int64_t>(i) * rq.mask_words_per_row;
+  for (int32_t w = 0; w < rq.mask_words_per_row; ++w) {
+    uint64_t word = row[w];
+    const int32_t pc = __popcll(word);
+    if (n >= pc) {
+      n -= pc;
+      continue;
+    }
+    for (; n > 0; --n) word &= word - 1;  // drop the n lowest set bits
+    return w * 64 + __ffsll(static_cast<long long>(word)) - 1;
+  }
+  return 0;  // unreachable for n < VisibleWindow(rq, mask_words, i)
+}
+
+// Where row r (of `rows`) of work item wi stops in its KV chunk, as a virtual index (0 for r >=
+// rows): the committed prefix plus the window entries its token sees, cut at the chunk's end.
+__device__ __forceinline__ int32_t RowEnd(const TreeAttentionParams& p,
+                                          const TreeAttentionRequest& rq,
+                                          const TreeAttentionWorkItem& wi, int32_t r,
+                                          int32_t rows) {
+  if (r >= rows) return 0;
+  const int32_t i = (wi.row_begin + r) / (p.qo_heads / p.kv_heads);
+  return min(rq.kv_prefix + VisibleWindow(rq, p.mask_words, i), (wi.chunk + 1) * p.kv_chunk);
+}
+
+}  // namespace specinfer::kernels
