@@ -3,7 +3,9 @@
 // on its keys, and how this path keeps it).
 //
 // A block: one work item (request, 64 consecutive (token, group head) rows, KV chunk) of one KV
-// head, 4 warps of 16 rows. Per 32-key tile a warp runs WarpTile: scores S = Q K^T (mma over
+// head, 4 warps, each with a 16-row tile (an item of at most 32 rows, e.g. a decoding token,
+// gives each row tile 2 or 4 warps, each computing the output of a part of the head dims). Per
+// 32-key tile a warp runs WarpTile: scores S = Q K^T (mma over
 // head_dim in 16-wide steps), the online softmax of each row in the accumulator fragments, then
 // O = O * corr + P V (mma, P in 16-bit parts). Tiles inside the committed prefix (every tile of a
 // causal request) are shared by all rows: they stream through a ring of kStages shared-memory
@@ -30,7 +32,7 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kRows = kTreeAttnMmaRowsPerBlock;  // 64: warp w has rows [16 w, 16 w + 16)
+constexpr int kRows = kTreeAttnMmaRowsPerBlock;  // 64: 4 tiles of 16 rows
 constexpr int kTile = kTreeAttnTileKv;           // 32 keys: 4 mma column tiles of 8
 constexpr unsigned kFull = 0xffffffffu;
 constexpr float kLog2e = 1.4426950408889634f;
