@@ -24,16 +24,16 @@
 //   for a tree node the same as decoding its root-to-node path one token at a time (what keeps
 //   speculative greedy output equal to incremental output).
 // Launch (flashinfer-style plan/run split): the host plan (backend/cuda/tree_attention_plan.h)
-//   cuts the work into items of (request, 16 consecutive (token, group-head) rows, KV chunk);
-//   the run launches grid (num_work, kv_heads) blocks of 128 threads; row r belongs to warp
-//   r % 4 (softmax: a lane per key; output: a lane per head_dim / 32 contiguous dims). Tiles
-//   that hold the same keys for every row (inside the committed prefix, or any tile of a causal
-//   request) are staged in shared memory as T (16-byte loads when head_dim allows, the next
-//   tile loaded into registers while this one is computed), and their scores are computed by
-//   thread (key, quarter of head_dim) for all the block's rows; tiles reaching into a tree's
-//   window (the last few of a row) are read per row from global memory by the row's warp.
-//   Requests cut into several chunks write partial (max, sum, output) rows that a second
-//   kernel merges. head_dim <= 256.
+//   cuts the work into items of (request, 16 consecutive (token, group-head) rows, KV chunk)
+//   (64 rows on the tensor-core path below); the run launches grid (num_work, kv_heads) blocks
+//   of 128 threads. On CUDA cores, row r belongs to warp r % 4 (softmax: a lane per key; output: a
+//   lane per head_dim / 32 contiguous dims). Tiles that hold the same keys for every row (inside
+//   the committed prefix, or any tile of a causal request) are staged in shared memory as T
+//   (16-byte loads when head_dim allows, the next tile loaded into registers while this one is
+//   computed), and their scores are computed by thread (key, quarter of head_dim) for all the
+//   block's rows; tiles reaching into a tree's window (the last few of a row) are read per row from
+//   global memory by the row's warp. Requests cut into several chunks write partial (max, sum,
+//   output) rows that a second kernel merges. head_dim <= 256.
 // Tensor-core path (kernels/tree_attention_mma.cu): fp16/bf16 inputs with head_dim 64 or 128
 //   always take it (whatever the batch, so the property above holds within it). The same virtual
 //   sequence and tiles; a block holds 64 rows (4 warps x 16), and every tile, shared or not, goes
