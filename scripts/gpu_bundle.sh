@@ -7,11 +7,11 @@
 #   # on the GPU machine, in a checkout of the same commit (the tests read tests/data):
 #   mkdir -p /tmp/b && tar xzf gpu-bundle.tgz -C /tmp/b && /tmp/b/run.sh [all|tests|attention|step]
 #
-# run.sh runs the one-GPU tests (cuda_tests; the multi-GPU ones skip themselves), the attention
-# benchmark beside PyTorch SDPA (scripts/bench_cuda_vs_torch.py, when torch is there) and the
-# 7B-shaped step and decode benchmarks, as scripts/gpu_check.sh does for a local build. The
-# binaries look for test data under the source folder they were built from (SPECINFER_SOURCE_DIR):
-# run.sh links that path to the checkout it is started from when it does not exist.
+# run.sh runs scripts/gpu_check.sh's steps tests (cuda_tests: the one-GPU tests; the multi-GPU
+# ones skip themselves), attention, step and torch (the default) or those named, with the bundle as
+# its BUILD_DIR and the bundled libraries on the library path. The binaries look for test data
+# under the source folder they were built from (SPECINFER_SOURCE_DIR): run.sh links that path to
+# the checkout it is started from when it does not exist.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
@@ -26,10 +26,11 @@ done
 
 stage="$(mktemp -d)"
 trap 'rm -rf "$stage"' EXIT
-mkdir -p "$stage/lib"
-for p in "${progs[@]}"; do
-  cp "$p" "$stage/"
-  strip "$stage/$(basename "$p")" 2>/dev/null || true
+mkdir -p "$stage/lib" "$stage/tests"
+for p in "${progs[@]}"; do  # the build's layout, which gpu_check.sh expects
+  rel="${p#"$BUILD_DIR"/}"
+  cp "$p" "$stage/$rel"
+  strip "$stage/$rel" 2>/dev/null || true
 done
 # Shared libraries other than the driver's, the CUDA toolkit's (the GPU machine has its own) and
 # the C runtime's.
@@ -49,8 +50,8 @@ done
 
 cat >"$stage/run.sh" <<'EOF'
 #!/usr/bin/env bash
-# Runs the bundled GPU checks (see scripts/gpu_bundle.sh); start it from a checkout of the bundle's
-# commit. Steps: tests, attention, step, or all (default).
+# Runs scripts/gpu_check.sh on the bundled programs (see scripts/gpu_bundle.sh); start it from a
+# checkout of the bundle's commit. Steps: tests, attention, step, torch (default: all four).
 set -uo pipefail
 B="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CHECKOUT="$PWD"
@@ -59,36 +60,21 @@ if [[ ! -e "$src" ]]; then
   mkdir -p "$(dirname "$src")" && ln -s "$CHECKOUT" "$src"
 fi
 export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
-if ! nvidia-smi -L; then
-  echo "error: no NVIDIA GPU found (nvidia-smi -L): these checks need one" >&2
-  exit 2
-fi
-missing="$(ldd "$B/cuda_tests" | grep 'not found' || true)"
+missing="$(ldd "$B/tests/cuda_tests" | grep 'not found' || true)"
 if [[ -n "$missing" ]]; then
   echo "error: libraries not found: $missing" >&2
   exit 2
 fi
-step="${1:-all}"
+steps=("$@")
+[[ ${#steps[@]} -gt 0 ]] || steps=(tests attention step torch)
 rc=0
-if [[ "$step" == all || "$step" == tests ]]; then
-  echo "== tests"
-  "$B/cuda_tests" || rc=1
-fi
-if [[ "$step" == all || "$step" == attention ]]; then
-  echo "== attention"
-  if python3 -c "import torch" 2>/dev/null && [[ -f "$CHECKOUT/scripts/bench_cuda_vs_torch.py" ]]; then
-    python3 "$CHECKOUT/scripts/bench_cuda_vs_torch.py" --build "$B" --batch 1,8,32 \
-      --tree 1,8,64,128 --context 2048,8192 --skip-decode || rc=1
-  else
-    "$B/bench_cuda_attention" || rc=1
-    "$B/bench_cuda_attention" --kernel cuda-cores || rc=1
-  fi
-fi
-if [[ "$step" == all || "$step" == step ]]; then
-  echo "== step"
-  "$B/bench_cuda_step" --context 2048 || rc=1
-  "$B/bench_cuda_step" --context 512 --decode 128 || rc=1
-fi
+for s in "${steps[@]}"; do
+  echo "== $s"
+  BUILD_DIR="$B" "$CHECKOUT/scripts/gpu_check.sh" "$s"
+  r=$?
+  [[ $r -eq 2 ]] && exit 2  # no GPU, or an unknown step: nothing else can run
+  [[ $r -eq 0 ]] || rc=1
+done
 exit $rc
 EOF
 chmod +x "$stage/run.sh"

@@ -3,7 +3,8 @@
 # one at a time (where a command has a time limit) or all in order (`all`):
 #   scripts/gpu_check.sh build       set up and build (scripts/setup.sh)
 #   scripts/gpu_check.sh tests       the GPU tests (ctest -L gpu: cuda_tests on GPU 0, and
-#                                    dist_cuda_tests; the multi-GPU ones skip below their GPU count)
+#                                    dist_cuda_tests; the multi-GPU ones skip below their GPU count;
+#                                    cuda_tests alone in a scripts/gpu_bundle.sh bundle)
 #   scripts/gpu_check.sh attention   tree-attention kernel, trees 8-128, contexts 512-8192, batch 1-32
 #   scripts/gpu_check.sh step        one step of a random fp16 Llama-2-7B shape by tree size 1-128,
 #                                    then decode tokens/s
@@ -27,7 +28,13 @@ fi
 run_step() {
   case "$1" in
     build) "$ROOT/scripts/setup.sh" ;;
-    tests) ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure ;;
+    tests)
+      if [[ -f "$BUILD_DIR/CTestTestfile.cmake" ]]; then
+        ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure
+      else  # a bundle of prebuilt programs (scripts/gpu_bundle.sh): no CTest there
+        "$BUILD_DIR/tests/cuda_tests"
+      fi
+      ;;
     attention) "$BUILD_DIR/bench_cuda_attention" ;;
     step)
       "$BUILD_DIR/bench_cuda_step"

@@ -19,7 +19,7 @@ BUILD_DIR="$BUILD_DIR" "$SRC/scripts/gpu_bundle.sh" "$TMP/b.tgz" >"$TMP/out" 2>&
   fail "gpu_bundle.sh failed: $(cat "$TMP/out")"
 mkdir "$TMP/x"
 tar xzf "$TMP/b.tgz" -C "$TMP/x" || fail "the bundle does not unpack"
-for f in run.sh cuda_tests bench_cuda_attention bench_cuda_step BUNDLE_INFO; do
+for f in run.sh tests/cuda_tests bench_cuda_attention bench_cuda_step BUNDLE_INFO; do
   [[ -e "$TMP/x/$f" ]] || fail "the bundle lacks $f"
 done
 grep -q "^source_dir=$SRC\$" "$TMP/x/BUNDLE_INFO" || fail "BUNDLE_INFO: $(cat "$TMP/x/BUNDLE_INFO")"
