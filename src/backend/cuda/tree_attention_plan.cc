@@ -15,9 +15,12 @@ StatusOr<TreeAttentionPlan> PlanTreeAttention(std::span<kernels::TreeAttentionRe
                                               const TreeAttentionPlanOptions& o) {
   using kernels::kTreeAttnTileKv;
   const int32_t rows_per_item = o.rows_per_item;
-  if ((rows_per_item != kernels::kTreeAttnRowsPerBlock &&
-       rows_per_item != kernels::kTreeAttnMmaRowsPerBlock) ||
-      o.qo_heads <= 0 || o.kv_heads <= 0 || o.qo_heads % o.kv_heads != 0 || o.head_dim <= 0 ||
+  if (rows_per_item != kernels::kTreeAttnRowsPerBlock &&
+      rows_per_item != kernels::kTreeAttnMmaRowsPerBlock)
+    return InvalidArgumentError("tree attention plan: rows per item must be one kernel's (" +
+                                std::to_string(kernels::kTreeAttnRowsPerBlock) + " or " +
+                                std::to_string(kernels::kTreeAttnMmaRowsPerBlock) + ")");
+  if (o.qo_heads <= 0 || o.kv_heads <= 0 || o.qo_heads % o.kv_heads != 0 || o.head_dim <= 0 ||
       o.head_dim > kernels::kTreeAttnMaxHeadDim)
     return InvalidArgumentError("tree attention plan: bad head geometry");
   const int64_t group = o.qo_heads / o.kv_heads;
