@@ -239,15 +239,7 @@ __global__ void __launch_bounds__(kThreads, (MinBlocks<T, kDMax>()))
   }
 
   const bool causal = rq.mask_begin < 0;
-  const int32_t* table = p.block_tables + rq.block_table_begin;
-  const int32_t bs = p.block_size;
-  const bool bs_pow2 = (bs & (bs - 1)) == 0;  // the usual case: shifts, not divisions
-  const int bs_shift = __ffs(bs) - 1;
-  auto block_of = [&](int32_t pos) { return bs_pow2 ? pos >> bs_shift : pos / bs; };
-  auto slot_in = [&](int32_t page, int32_t pos) {  // page = table[block_of(pos)]
-    return static_cast<int64_t>(page) * bs + (bs_pow2 ? pos & (bs - 1) : pos % bs);
-  };
-  auto slot_of = [&](int32_t pos) { return slot_in(table[block_of(pos)], pos); };
+  const PagedSlots paged = MakePagedSlots(p.block_tables + rq.block_table_begin, p.block_size);
   // 16-byte K/V loads when every head row is a whole number of them (and so 16-byte aligned:
   // the caches' base addresses are).
   const bool vec_loads =
@@ -265,13 +257,13 @@ __global__ void __launch_bounds__(kThreads, (MinBlocks<T, kDMax>()))
   // are loaded in order), so that the page table's latency is not on their path.
   uint4 kreg[L::kLoadIters], vreg[L::kLoadIters];
   auto page_of = [&](int32_t t0) {
-    return t0 + lane < c1 && is_shared(t0) ? table[block_of(t0 + lane)] : 0;
+    return t0 + lane < c1 && is_shared(t0) ? paged.PageOf(t0 + lane) : 0;
   };
   int32_t page_ahead = page_of(c0);  // the page of the next tile load_tile loads
   auto load_tile = [&](int32_t t0) {
     const int32_t len = min(kTile, c1 - t0);
     const int64_t lane_row =
-        lane < len ? (slot_in(page_ahead, t0 + lane) * p.kv_heads + kvh) * hd : 0;
+        lane < len ? (paged.SlotIn(page_ahead, t0 + lane) * p.kv_heads + kvh) * hd : 0;
     page_ahead = page_of(t0 + kTile);
 #pragma unroll
     for (int it = 0; it < L::kLoadIters; ++it) {
@@ -303,7 +295,7 @@ __global__ void __launch_bounds__(kThreads, (MinBlocks<T, kDMax>()))
       const int kk = idx / kDMax, d = idx % kDMax;
       T kv = FromFloat<T>(0.0f), vv = FromFloat<T>(0.0f);
       if (kk < len && d < hd) {
-        const int64_t off = (slot_of(t0 + kk) * p.kv_heads + kvh) * hd + d;
+        const int64_t off = (paged.SlotOf(t0 + kk) * p.kv_heads + kvh) * hd + d;
         kv = kc[off];
         vv = vc[off];
       }
@@ -457,10 +449,8 @@ __global__ void __launch_bounds__(kThreads, (MinBlocks<T, kDMax>()))
         int64_t slot = 0;
         float sc = 0.0f;
         if (visible) {
-          const int32_t pos =
-              v < rq.kv_prefix ? v
-                               : rq.kv_prefix + WindowEntry(rq, p.mask_words, i, v - rq.kv_prefix);
-          slot = slot_of(pos);
+          const int32_t pos = KeyPosition(rq, p.mask_words, i, v);
+          slot = paged.SlotOf(pos);
           const T* krow = kc + (slot * p.kv_heads + kvh) * hd;
           const float* qr = q_s + r * kDMax;
           float part[kParts];

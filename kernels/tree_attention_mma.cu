@@ -252,7 +252,9 @@ __device__ __forceinline__ void WarpTile(const T* q_w, const T* k_t, const T* v_
 // One work item with `rows` rows, kSplit warps per 16-row tile (kSplit = 4 / the row tiles it
 // has, so that a decoding token or a small tree keeps every warp busy).
 template <typename T, typename OutT, int kD, int kSplit>
-__device__ __forceinline__ void AttendItem(const TreeAttentionParams& p, int32_t pool_rows,
+__device__ __forceinline__ void AttendItem(const TreeAttentionParams& p,
+                                           const TreeAttentionWorkItem& wi,
+                                           const TreeAttentionRequest& rq, int32_t pool_rows,
                                            int32_t rows) {
   using L = MmaLayout<kD>;
   using PT = PTraits<T>;
@@ -265,8 +267,6 @@ __device__ __forceinline__ void AttendItem(const TreeAttentionParams& p, int32_t
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   int32_t* const map_w = reinterpret_cast<int32_t*>(smem + L::kMap) + warp * kTile;
 
-  const TreeAttentionWorkItem wi = p.work[blockIdx.x];
-  const TreeAttentionRequest rq = p.requests[wi.request];
   const int32_t kvh = blockIdx.y;
   const int32_t group = p.qo_heads / p.kv_heads;
   const int row_tile = warp / kSplit, dim_part = warp % kSplit;
@@ -308,15 +308,7 @@ __device__ __forceinline__ void AttendItem(const TreeAttentionParams& p, int32_t
   st.l[0] = st.l[1] = 0.0f;
 
   const bool causal = rq.mask_begin < 0;
-  const int32_t* table = p.block_tables + rq.block_table_begin;
-  const int32_t bs = p.block_size;
-  const bool bs_pow2 = (bs & (bs - 1)) == 0;  // the usual case: shifts, not divisions
-  const int bs_shift = __ffs(bs) - 1;
-  auto block_of = [&](int32_t pos) { return bs_pow2 ? pos >> bs_shift : pos / bs; };
-  auto slot_in = [&](int32_t page, int32_t pos) {  // page = table[block_of(pos)]
-    return static_cast<int64_t>(page) * bs + (bs_pow2 ? pos & (bs - 1) : pos % bs);
-  };
-  auto slot_of = [&](int32_t pos) { return slot_in(table[block_of(pos)], pos); };
+  const PagedSlots paged = MakePagedSlots(p.block_tables + rq.block_table_begin, p.block_size);
   auto kv_offset = [&](int64_t slot, int d0) { return (slot * p.kv_heads + kvh) * kD + d0; };
   const T* const q_w = q_s + 16 * row_tile * L::kStride;
 
@@ -332,7 +324,7 @@ __device__ __forceinline__ void AttendItem(const TreeAttentionParams& p, int32_t
 #pragma unroll
     for (int it = 0; it < L::kLoadIters; ++it) {
       const int32_t pos = c0 + t * kTile + (threadIdx.x + kThreads * it) / L::kVecs;
-      pages[it] = t < n_shared && pos < c1 ? table[block_of(pos)] : 0;
+      pages[it] = t < n_shared && pos < c1 ? paged.PageOf(pos) : 0;
     }
   };
   auto issue = [&](int t) {  // tile t's asynchronous copies, in its ring stage
@@ -345,7 +337,7 @@ __device__ __forceinline__ void AttendItem(const TreeAttentionParams& p, int32_t
         const int idx = threadIdx.x + kThreads * it;
         const int kk = idx / L::kVecs, d0 = (idx % L::kVecs) * 8;
         const bool valid = t0 + kk < c1;
-        const int64_t off = valid ? kv_offset(slot_in(pages[it], t0 + kk), d0) : 0;
+        const int64_t off = valid ? kv_offset(paged.SlotIn(pages[it], t0 + kk), d0) : 0;
         CpAsync16(ks + kk * L::kStride + d0, kc + off, valid);
         CpAsync16(vs + kk * L::kStride + d0, vc + off, valid);
       }
@@ -386,7 +378,7 @@ __device__ __forceinline__ void AttendItem(const TreeAttentionParams& p, int32_t
         const int32_t row = idx / L::kVecs;
         const int d0 = (idx % L::kVecs) * 8;
         const bool valid = row < tail + window;
-        const int64_t off = valid ? kv_offset(slot_of(tail_begin + row), d0) : 0;
+        const int64_t off = valid ? kv_offset(paged.SlotOf(tail_begin + row), d0) : 0;
         CpAsync16(pool_k + row * L::kStride + d0, kc + off, valid);
         CpAsync16(pool_v + row * L::kStride + d0, vc + off, valid);
       }
@@ -407,15 +399,12 @@ __device__ __forceinline__ void AttendItem(const TreeAttentionParams& p, int32_t
         if (e <= k0) continue;
         // Lane c: where the token's key at virtual position k0 + c is (none past its end).
         const int32_t v = k0 + lane;
-        const int32_t pos = v >= e ? -1
-                            : v < rq.kv_prefix
-                                ? v
-                                : rq.kv_prefix + WindowEntry(rq, p.mask_words, i, v - rq.kv_prefix);
+        const int32_t pos = v >= e ? -1 : KeyPosition(rq, p.mask_words, i, v);
         __syncwarp();  // the previous token's tile is no longer being read
         if (pooled) {
           map_w[lane] = pos < 0 ? tail + window : pos - tail_begin;
         } else {
-          const int64_t slot = pos < 0 ? -1 : slot_of(pos);
+          const int64_t slot = pos < 0 ? -1 : paged.SlotOf(pos);
           for (int idx = lane; idx < kTile * L::kVecs; idx += 32) {
             const int kk = idx / L::kVecs, d0 = (idx % L::kVecs) * 8;
             const int64_t sl = __shfl_sync(kFull, slot, kk);
@@ -485,11 +474,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   const TreeAttentionRequest rq = p.requests[wi.request];
   const int32_t rows = min(kRows, rq.token_count * (p.qo_heads / p.kv_heads) - wi.row_begin);
   if (rows <= 16) {
-    AttendItem<T, OutT, kD, 4>(p, pool_rows, rows);
+    AttendItem<T, OutT, kD, 4>(p, wi, rq, pool_rows, rows);
   } else if (rows <= 32) {
-    AttendItem<T, OutT, kD, 2>(p, pool_rows, rows);
+    AttendItem<T, OutT, kD, 2>(p, wi, rq, pool_rows, rows);
   } else {
-    AttendItem<T, OutT, kD, 1>(p, pool_rows, rows);
+    AttendItem<T, OutT, kD, 1>(p, wi, rq, pool_rows, rows);
   }
 }
 

@@ -53,4 +53,34 @@ __device__ __forceinline__ int32_t RowEnd(const TreeAttentionParams& p,
   return min(rq.kv_prefix + VisibleWindow(rq, p.mask_words, i), (wi.chunk + 1) * p.kv_chunk);
 }
 
+// The logical position of the key at virtual index v (< the row's end) of token i's sequence: the
+// committed prefix as it is, then the window entries its mask shows, compacted.
+__device__ __forceinline__ int32_t KeyPosition(const TreeAttentionRequest& rq,
+                                               const uint64_t* __restrict__ mask_words, int32_t i,
+                                               int32_t v) {
+  return v < rq.kv_prefix ? v : rq.kv_prefix + WindowEntry(rq, mask_words, i, v - rq.kv_prefix);
+}
+
+// A request's paged KV cache: logical position pos lives in slot table[pos / block_size] *
+// block_size + pos % block_size (shifts, not divisions, for the usual power-of-two block size).
+struct PagedSlots {
+  const int32_t* table;
+  int32_t bs;
+  bool pow2;
+  int shift;
+  __device__ int32_t BlockOf(int32_t pos) const { return pow2 ? pos >> shift : pos / bs; }
+  __device__ int32_t PageOf(int32_t pos) const { return table[BlockOf(pos)]; }
+  // The slot of pos whose page (PageOf(pos)) the caller has already read.
+  __device__ int64_t SlotIn(int32_t page, int32_t pos) const {
+    return static_cast<int64_t>(page) * bs + (pow2 ? pos & (bs - 1) : pos % bs);
+  }
+  __device__ int64_t SlotOf(int32_t pos) const { return SlotIn(PageOf(pos), pos); }
+};
+
+__device__ __forceinline__ PagedSlots MakePagedSlots(const int32_t* block_table,
+                                                     int32_t block_size) {
+  return PagedSlots{block_table, block_size, (block_size & (block_size - 1)) == 0,
+                    __ffs(block_size) - 1};
+}
+
 }  // namespace specinfer::kernels
