@@ -108,7 +108,7 @@ std::vector<float> PromptLogits(ModelRunner& runner, KvCacheManager& kv,
 }
 
 void WriteDraftVocabGguf(const std::string& llama2c_path, const std::vector<int32_t>& table,
-                         const std::filesystem::path& path) {
+                         const std::filesystem::path& path, std::optional<uint64_t> fingerprint) {
   std::ifstream in(llama2c_path, std::ios::binary);
   int32_t h[7];
   in.read(reinterpret_cast<char*>(h), sizeof(h));
@@ -142,6 +142,7 @@ void WriteDraftVocabGguf(const std::string& llama2c_path, const std::vector<int3
   g.KvF32("llama.rope.freq_base", 10000.0f);
   g.KvF32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
   g.KvI32Array("specinfer.draft_token_ids", table);
+  if (fingerprint) g.KvU64("specinfer.vocab_fingerprint", *fingerprint);
   g.Tensor("token_embd.weight", {dim, static_cast<int64_t>(table.size())}, rows.data());
   g.Tensor("output_norm.weight", {dim}, rms_final.data());
   for (int64_t l = 0; l < layers; ++l) {

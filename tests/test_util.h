@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,9 +44,11 @@ void WriteFile(const std::filesystem::path& path, const std::string& bytes);
 // checkpoint's row table[r] (zeros for -1, the "other tokens" row, and for ids the checkpoint
 // lacks, so that bad tables can be written too), with
 // `specinfer.draft_token_ids` = table and the same layers. So for a context of tokens in the
-// table it computes the checkpoint's logits at those tokens. Written to `path`.
+// table it computes the checkpoint's logits at those tokens. Written to `path`, with
+// `specinfer.vocab_fingerprint` = `fingerprint` when given.
 void WriteDraftVocabGguf(const std::string& llama2c_path, const std::vector<int32_t>& table,
-                         const std::filesystem::path& path);
+                         const std::filesystem::path& path,
+                         std::optional<uint64_t> fingerprint = std::nullopt);
 
 // Runs `tokens` as the prompt of a fresh sequence in one pass (positions 0..n-1) and returns the
 // logits of `rows` ([rows.size(), vocab], row-major); the sequence is removed afterwards. Test

@@ -127,6 +127,10 @@ StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g) {
                            std::to_string(c.draft_token_ids.size()) + " entries for " +
                            std::to_string(c.vocab_size) + " vocabulary rows");
   }
+  if (g.Find("specinfer.vocab_fingerprint") != nullptr) {
+    SI_ASSIGN_OR_RETURN(const uint64_t fp, g.GetU64("specinfer.vocab_fingerprint"));
+    c.vocab_fingerprint = fp;
+  }
   if (arch == "gemma2" || arch == "gemma3") {
     SI_RETURN_IF_ERROR(GemmaSettings(g, arch, c));
   }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,10 @@ struct ModelConfig {
   // r of its embedding and output is the LLM's token draft_token_ids[r] (-1: any other token).
   // Empty: rows are token ids, as in every ordinary model.
   std::vector<int32_t> draft_token_ids;
+  // A draft model's record of the vocabulary it was made for (GGUF `specinfer.vocab_fingerprint`,
+  // VocabFingerprint in tokenizer/tokenizer.h): it stands in for a tokenizer the file leaves out,
+  // and a draft is refused for an LLM whose tokenizer has another fingerprint.
+  std::optional<uint64_t> vocab_fingerprint;
   bool attention_bias = false;  // q/k/v projections carry biases (Qwen2)
   RopeScaling rope_scaling;     // from config.json's rope_scaling / GGUF rope.scaling.*
   // Per-pair divisors of the inverse frequencies (GGUF `rope_freqs.weight`, llama.cpp's

@@ -1,5 +1,7 @@
 #include "spec/speculator.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <atomic>
 #include <numeric>
@@ -545,6 +547,13 @@ StatusOr<std::unique_ptr<Speculator>> CreateSpeculator(std::string_view spec,
                                     "' there but '" + std::string(a.TokenPiece(id)) +
                                     "' in the model" + share);
     }
+  } else if (o.llm_tokenizer != nullptr && dc.vocab_fingerprint.has_value()) {
+    // A draft that carries the fingerprint of its vocabulary instead of the tokenizer itself.
+    const uint64_t want = VocabFingerprint(*o.llm_tokenizer);
+    if (*dc.vocab_fingerprint != want)
+      return InvalidArgumentError(fmt::format(
+          "draft '{}' was made for a vocabulary with fingerprint {:016x}, the model's is {:016x}{}",
+          spec, *dc.vocab_fingerprint, want, share));
   }
   return CreateModelSpeculator(std::string(spec), std::shared_ptr<const Model>(std::move(draft)),
                                o, std::move(vocab));

@@ -49,6 +49,13 @@ class Tokenizer {
   std::string Decode(std::span<const int32_t> ids) const;
 };
 
+// A 64-bit FNV-1a hash over the vocabulary size, the BOS and EOS ids (each as a little-endian
+// int64) and every token's piece (TokenPiece) in id order, each piece prefixed by its length as an
+// int64 (so "ab","c" and "a","bc" differ). Two tokenizers with equal fingerprints map ids to the
+// same text. What cluster workers compare at registration, and what a draft model made by
+// scripts/boost_tune.py carries (GGUF `specinfer.vocab_fingerprint`) instead of a tokenizer.
+uint64_t VocabFingerprint(const Tokenizer& tokenizer);
+
 // Assembles streamed token bytes into text that never ends in half a UTF-8 character.
 // Bytes that can never become valid UTF-8 are replaced by U+FFFD, as decoders conventionally do.
 class Utf8StreamDecoder {

@@ -25,6 +25,12 @@ class GgufWriter {
     U32(v);
     ++kvs_;
   }
+  void KvU64(const std::string& k, uint64_t v) {
+    Key(k);
+    U32(10);
+    Raw(&v, 8);
+    ++kvs_;
+  }
   void KvF32(const std::string& k, float v) {
     Key(k);
     U32(6);

@@ -16,6 +16,7 @@
 #include "model/loader.h"
 #include "spec/speculator.h"
 #include "test_util.h"
+#include "tokenizer/llama2c_tokenizer.h"
 
 namespace specinfer {
 namespace {
@@ -180,6 +181,42 @@ TEST(DraftVocabSpeculator, ASubsetProposesOnlyItsTokens) {
     const auto best = std::max_element(logits.begin(), logits.begin() + 300) - logits.begin();
     EXPECT_EQ(trees[i].node(trees[i].node(0).children[0]).token, best) << "context " << i;
   }
+}
+
+TEST(DraftVocabSpeculator, AFingerprintStandsInForTheTokenizer) {
+  // boost_tune.py's drafts carry the LLM's vocabulary fingerprint, not its 1.7 MiB tokenizer:
+  // loaded for the LLM whose tokenizer has that fingerprint, refused for another one.
+  auto llm = LoadModel(testing::Stories260KModel());
+  ASSERT_TRUE(llm.ok());
+  std::shared_ptr<const Model> model(std::move(*llm));
+  auto tokenizer = Llama2cTokenizer::Load(testing::Stories260KTokenizer(), 512);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  SpeculatorOptions so;
+  so.llm_tokenizer = tokenizer->get();
+  const uint64_t fp = VocabFingerprint(**tokenizer);
+  const auto dir = testing::ScratchDir("draft_vocab_fingerprint");
+  const std::vector<int32_t> table = {1, 2, 4, 9, 300, -1};
+  testing::WriteDraftVocabGguf(testing::Stories260KModel(), table, dir / "same.gguf", fp);
+  auto same = CreateSpeculator("model:" + (dir / "same.gguf").string(), model, so);
+  EXPECT_TRUE(same.ok()) << same.status().ToString();
+  testing::WriteDraftVocabGguf(testing::Stories260KModel(), table, dir / "other.gguf", fp ^ 1);
+  auto other = CreateSpeculator("model:" + (dir / "other.gguf").string(), model, so);
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(other.status().message().find("was made for a vocabulary with fingerprint"),
+            std::string::npos)
+      << other.status().ToString();
+  // The fingerprint covers the pieces, not only the size: one piece changed, another value.
+  std::vector<std::string> pieces;
+  for (int32_t id = 0; id < (*tokenizer)->vocab_size(); ++id)
+    pieces.emplace_back((*tokenizer)->TokenPiece(id));
+  const std::vector<float> scores(pieces.size(), 0.0f);
+  auto original = Llama2cTokenizer::FromVocab(pieces, scores, {});
+  pieces[300] += "x";
+  auto changed = Llama2cTokenizer::FromVocab(pieces, scores, {});
+  ASSERT_TRUE(original.ok()) << original.status().ToString();
+  ASSERT_TRUE(changed.ok()) << changed.status().ToString();
+  EXPECT_NE(VocabFingerprint(**original), VocabFingerprint(**changed));
 }
 
 TEST(DraftVocabSpeculator, BadTablesAndDraftsServedAsTheModelAreClearErrors) {
