@@ -75,6 +75,29 @@ TOPICS = [
     "antibiotics", "saving money", "the solar system", "birds migrating", "glaciers", "robots",
 ]
 
+# More topics, after the first list so that its prompts keep their places (and seeds) in
+# make_prompts: a data set made before these were added is still a prefix of the one made now.
+MORE_TOPICS = [
+    "the Industrial Revolution", "photography", "jazz", "the Moon landing", "rainforests",
+    "yoga", "the metric system", "pollination", "nuclear power", "ancient Greece", "chocolate",
+    "lightning", "submarines", "the Silk Road", "tornadoes", "composting", "the Eiffel Tower",
+    "origami", "sharks", "blood types", "the Milky Way", "cloud computing", "mushrooms",
+    "hurricanes", "the Beatles", "knitting", "wolves", "the Pyramids of Giza", "vitamins",
+    "magnets", "camping", "the Cold War", "bees making honey", "telescopes", "marathon running",
+    "the human skeleton", "podcasts", "the Sahara", "3D printing", "octopuses", "the Vikings",
+    "microplastics", "opera", "trains", "the Arctic", "fermentation", "password security",
+    "elephants", "the Mona Lisa", "hydroelectric dams", "sign language", "comets", "pizza",
+    "the United Nations", "quantum computing", "butterflies", "the Great Barrier Reef",
+    "first aid", "cheese making", "satellites", "the Aztecs", "allergies", "skateboarding",
+    "social media", "hot air balloons", "the Nile", "volunteering", "earthworms", "fossils",
+    "the Statue of Liberty", "electric guitars", "clouds", "the stock exchange", "kindness",
+    "self-driving cars", "the Hubble telescope", "desert animals", "minimalism", "rice farming",
+    "the scientific method", "bridges", "whales", "the Internet of Things", "board games",
+    "the French language", "pandas", "solar eclipses", "ancient China", "bamboo", "sunscreen",
+    "open source software", "the Titanic", "caves", "coffee shops", "wildfires", "owls",
+    "chairs", "Shakespeare", "recycling plastic", "the speed of light",
+]
+
 PROMPT_TEMPLATES = {
     "chat": [
         "What is {t}?",
@@ -115,14 +138,18 @@ SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 
 def make_prompts(seed, limit=None):
-    """Every template x topic, shuffled with `seed`; split by topic (index % 5 == 0: held out)."""
+    """Every template x topic, shuffled with `seed` (TOPICS' prompts, then MORE_TOPICS'); split
+    by topic (index % 5 == 0 in its list: held out)."""
     out = []
-    for ti, topic in enumerate(TOPICS):
-        split = "heldout" if ti % 5 == 0 else "train"
-        for cat, templates in PROMPT_TEMPLATES.items():
-            for tmpl in templates:
-                out.append({"prompt": tmpl.format(t=topic), "category": cat, "split": split})
-    random.Random(seed).shuffle(out)
+    for topics in (TOPICS, MORE_TOPICS):
+        part = []
+        for ti, topic in enumerate(topics):
+            split = "heldout" if ti % 5 == 0 else "train"
+            for cat, templates in PROMPT_TEMPLATES.items():
+                for tmpl in templates:
+                    part.append({"prompt": tmpl.format(t=topic), "category": cat, "split": split})
+        random.Random(seed).shuffle(part)
+        out += part
     if limit is not None:
         train = [p for p in out if p["split"] == "train"][:limit]
         held = [p for p in out if p["split"] == "heldout"][: max(limit // 4, 1)]
@@ -239,17 +266,37 @@ def cmd_data(args):
             if want != got:
                 sys.exit("boost_tune: this script's ChatML rendering differs from the model's chat "
                          f"template ({got[:12]}... vs {want[:12]}...); pass --chat-template none")
+        # An earlier run's answers (each a function of prompt, temperature and seed alone) are
+        # kept: an interrupted run, or one with more prompts, only makes what is missing.
+        have, kept = set(), []
+        if (out / "data.jsonl").exists():
+            with open(out / "data.jsonl") as f:
+                for line in f:
+                    try:
+                        r = json.loads(line)
+                    except json.JSONDecodeError:
+                        break  # a line cut short by an interrupted run, and nothing after it
+                    have.add((r["prompt"], r["temperature"]))
+                    kept.append(line)
+            with open(out / "data.jsonl", "w") as f:
+                f.writelines(kept)
+            if have:
+                print(f"data: keeping the {len(have)} answers already in {out / 'data.jsonl'}")
         jobs = []
         for i, p in enumerate(prompts):
+            temps = [(0.0, args.seed + i)]
+            if p["split"] == "train" and args.sampled:
+                temps.append((0.8, args.seed + 100000 + i))
+            temps = [(t, sd) for t, sd in temps if (p["prompt"], t) not in have]
+            if not temps:
+                continue
             text = render_chatml(p["prompt"]) if chat else p["prompt"]
             ids = server.tokenize(text)
-            jobs.append((p, ids, 0.0, args.seed + i))
-            if p["split"] == "train" and args.sampled:
-                jobs.append((p, ids, 0.8, args.seed + 100000 + i))
+            jobs += [(p, ids, t, sd) for t, sd in temps]
         lock = threading.Lock()
         done = [0, 0]
         t0 = time.time()
-        with open(out / "data.jsonl", "w") as f:
+        with open(out / "data.jsonl", "a") as f:
             def run(job):
                 p, ids, temp, seed = job
                 gen, top = server.generate(ids, args.max_tokens, temp, seed)
@@ -414,13 +461,17 @@ def llm_layers(model_path, n):
     return out
 
 
-def load_data(path, split):
+def load_data(path, split, seed):
+    """The answers of `split`, in make_prompts(seed) order (greedy before sampled), whatever
+    order the data run finished them in: training and evaluation do not depend on it."""
+    index = {p["prompt"]: i for i, p in enumerate(make_prompts(seed))}
     recs = []
     with open(path) as f:
         for line in f:
             r = json.loads(line)
             if r["split"] == split and r["output_ids"]:
                 recs.append(r)
+    recs.sort(key=lambda r: (index.get(r["prompt"], len(index)), r["prompt"], r["temperature"]))
     return recs
 
 
@@ -502,7 +553,7 @@ def batches(examples, tokens_per_batch, rng):
     return out
 
 
-def train_one(torch, cfg, examples, weights, args, init_embed, index, layers=None):
+def train_one(torch, cfg, examples, weights, args, init_embed, index, layers=None, heldout=None):
     torch.manual_seed(args.seed + index)
     model = build_model(torch, cfg)
     with torch.no_grad():
@@ -547,6 +598,9 @@ def train_one(torch, cfg, examples, weights, args, init_embed, index, layers=Non
                 top1 = (logits.argmax(-1) == cand[:, 0]).float().mean().item()
                 print(f"  ssm {index} step {step}/{steps} loss {loss.item():.3f} "
                       f"top-1 {top1:.3f} lr {lr:.2e} ({time.time() - t0:.0f} s)", flush=True)
+            if heldout and (step % args.heldout_every == 0 or step == steps):
+                print(f"  ssm {index} step {step}/{steps} held-out top-1 "
+                      f"{top1_rate(torch, model, cfg, heldout, args):.3f}", flush=True)
     return model
 
 
@@ -569,7 +623,43 @@ def agreement(torch, model, cfg, examples, args):
     return hits
 
 
-def export_gguf(model, cfg, llm_path, out_path, name, table):
+def top1_rate(torch, model, cfg, examples, args):
+    """The share of the LLM's output positions where the SSM's top-1 is the LLM's token."""
+    hits = agreement(torch, model, cfg, examples, args)
+    return sum(sum(h) for h in hits.values()) / max(sum(len(h) for h in hits.values()), 1)
+
+
+def vocab_fingerprint(fields):
+    """VocabFingerprint (src/tokenizer/tokenizer.h) of the tokenizer in a GGUF's `fields`: FNV-1a
+    64 over the size, BOS and EOS ids and every piece (length-prefixed) as the daemon holds it
+    (SentencePiece's U+2581 read as a space)."""
+    import struct
+    h = 1469598103934665603
+
+    def mix(data):
+        nonlocal h
+        for b in data:
+            h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+
+    def mix_int(v):
+        mix(struct.pack("<q", v))
+
+    def get(key, default):
+        return int(fields[key].contents()) if key in fields else default
+
+    tokens = fields["tokenizer.ggml.tokens"].contents()
+    sentencepiece = fields["tokenizer.ggml.model"].contents() == "llama"
+    mix_int(len(tokens))
+    mix_int(get("tokenizer.ggml.bos_token_id", -1))
+    mix_int(get("tokenizer.ggml.eos_token_id", -1))
+    for t in tokens:
+        piece = (t.replace("\u2581", " ") if sentencepiece else t).encode("utf-8")
+        mix_int(len(piece))
+        mix(piece)
+    return h
+
+
+def export_gguf(model, cfg, llm_path, out_path, name, table, embed_tokenizer=False):
     import gguf
     import numpy as np
     from gguf.quants import quantize
@@ -587,15 +677,20 @@ def export_gguf(model, cfg, llm_path, out_path, name, table):
     w.add_rope_dimension_count(cfg["dim"] // cfg["heads"])
     # Row r of the embedding / output is the LLM's token table[r] (-1: every other token).
     w.add_array("specinfer.draft_token_ids", [int(t) for t in table])
-    # The LLM's tokenizer, piece for piece (a llama2.c LLM has none inside: the daemon then
-    # checks the vocabulary size alone).
+    # The fingerprint of the LLM's vocabulary (the daemon refuses the draft for an LLM whose
+    # tokenizer has another), or with --embed-tokenizer the tokenizer itself, piece for piece
+    # (1.7 MiB for SmolLM2). A llama2.c LLM has none inside: the daemon checks the size alone.
     if is_gguf(llm_path):
-        for field in gguf.GGUFReader(str(llm_path)).fields.values():
-            if not field.name.startswith("tokenizer."):
-                continue
-            vtype = field.types[0]
-            sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-            w.add_key_value(field.name, field.contents(), vtype, sub_type=sub)
+        fields = gguf.GGUFReader(str(llm_path)).fields
+        if embed_tokenizer:
+            for field in fields.values():
+                if not field.name.startswith("tokenizer."):
+                    continue
+                vtype = field.types[0]
+                sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+                w.add_key_value(field.name, field.contents(), vtype, sub_type=sub)
+        elif "tokenizer.ggml.tokens" in fields:
+            w.add_uint64("specinfer.vocab_fingerprint", vocab_fingerprint(fields))
 
     def mat(name, t):
         a = t.detach().float().numpy()
@@ -636,7 +731,7 @@ def cmd_train(args):
     hp = llm_hparams(args.model)
     emb = llm_embedding(args.model)
     llm_vocab, llm_dim = emb.shape
-    recs = load_data(Path(args.data) / "data.jsonl", "train")
+    recs = load_data(Path(args.data) / "data.jsonl", "train", args.seed)
     table, covered = draft_vocabulary(recs, min(args.draft_vocab, llm_vocab))
     other = len(table) - 1
     to_row = np.full(llm_vocab, other, dtype=np.int64)
@@ -672,6 +767,14 @@ def cmd_train(args):
     examples = make_examples(recs, args.max_len, to_row, other)
     n_pos = sum(len(e["pos"]) for e in examples)
     print(f"train: {len(examples)} answers, {n_pos} target positions; SSM config {cfg}")
+    heldout = None
+    if args.heldout_every > 0:
+        # Greedy answers to the held-out topics: how often the SSM's first guess is right there
+        # (a proxy for acceptance, without running the daemon). Positions whose token the draft
+        # vocabulary lacks count as misses.
+        held = [r for r in load_data(Path(args.data) / "data.jsonl", "heldout", args.seed)
+                if r["temperature"] == 0.0]
+        heldout = make_examples(held, args.max_len, to_row, other)
     hit_any = None
     paths = []
     for k in range(args.ssms):
@@ -680,12 +783,13 @@ def cmd_train(args):
             weights = {i: [BOOST_HIT_WEIGHT if h else 1.0 for h in hs] for i, hs in hit_any.items()}
             share = sum(sum(h) for h in hit_any.values()) / max(n_pos, 1)
             print(f"boost: SSM {k} down-weights the {share:.1%} of positions an earlier SSM gets")
-        model = train_one(torch, cfg, examples, weights, args, init, k, layers)
+        model = train_one(torch, cfg, examples, weights, args, init, k, layers, heldout)
         hits = agreement(torch, model, cfg, examples, args)
         hit_any = hits if hit_any is None else {
             i: [a or b for a, b in zip(hit_any[i], hits[i])] for i in hits}
         path = out / f"ssm-{k}.gguf"
-        export_gguf(model, cfg, args.model, path, f"specinfer boost-tuned SSM {k}", table)
+        export_gguf(model, cfg, args.model, path, f"specinfer boost-tuned SSM {k}", table,
+                    args.embed_tokenizer)
         paths.append(path)
         print(f"exported {path} ({path.stat().st_size / 2**20:.2f} MiB)")
     with open(out / "config.json", "w") as f:
@@ -713,7 +817,7 @@ def run_generate(model, prompt, drafts, tree, max_tokens, threads, extra, budget
 
 
 def cmd_eval(args):
-    recs = load_data(Path(args.data) / "data.jsonl", "heldout")
+    recs = load_data(Path(args.data) / "data.jsonl", "heldout", args.seed)
     recs = [r for r in recs if r["temperature"] == 0.0][: args.eval_prompts]
     ssms = [Path(s) for s in args.ssm]
     configs = [("no draft", [])] + [(s.name, [s]) for s in ssms]
@@ -794,6 +898,11 @@ def main():
         p.add_argument("--batch-tokens", type=int, default=8192)
         p.add_argument("--max-len", type=int, default=320)
         p.add_argument("--log-every", type=int, default=50)
+        p.add_argument("--embed-tokenizer", action="store_true",
+                       help="copy the LLM's tokenizer into each SSM (default: its fingerprint)")
+        p.add_argument("--heldout-every", type=int, default=0,
+                       help="N > 0: every N steps, the SSM's top-1 agreement on the held-out "
+                            "greedy answers")
         p.add_argument("--no-bf16", dest="bf16", action="store_false")
 
     def eval_args(p):

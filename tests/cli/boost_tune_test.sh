@@ -40,9 +40,13 @@ PY="$VENV/bin/python"
 set -e
 "$PY" "$SRC/scripts/boost_tune.py" data --model "$ST/stories260K.bin" --tokenizer "$ST/tok512.bin" \
   --chat-template none --out "$TMP/work" --prompts 12 --max-tokens 48 --threads 2 | tail -1
+# Run again: the answers are all there, so it keeps them and asks the LLM for none.
+"$PY" "$SRC/scripts/boost_tune.py" data --model "$ST/stories260K.bin" --tokenizer "$ST/tok512.bin" \
+  --chat-template none --out "$TMP/work" --prompts 12 --max-tokens 48 --threads 2 \
+  | tee "$TMP/data2.log" | tail -1
 "$PY" "$SRC/scripts/boost_tune.py" train --model "$ST/stories260K.bin" --data "$TMP/work" \
   --out "$TMP/work/ssm" --ssms 2 --steps 40 --dim 64 --layers 1 --lr 1e-2 --log-every 40 \
-  --threads 2 | tee "$TMP/train.log"
+  --heldout-every 40 --threads 2 | tee "$TMP/train.log"
 "$PY" "$SRC/scripts/boost_tune.py" eval --model "$ST/stories260K.bin" --tokenizer "$ST/tok512.bin" \
   --chat-template none --data "$TMP/work" --ssm "$TMP/work/ssm/ssm-0.gguf" \
   "$TMP/work/ssm/ssm-1.gguf" --eval-prompts 4 --max-tokens 48 --threads 2 | tee "$TMP/eval.log"
@@ -52,7 +56,11 @@ failures=0
 grep -q "boost: SSM 1 down-weights" "$TMP/train.log" || { echo "FAIL: no boosting round"; failures=1; }
 grep -q "^  merged " "$TMP/eval.log" || { echo "FAIL: the merged SSMs were not evaluated"; failures=1; }
 # Training must have learnt something: the last logged top-1 agreement of SSM 0 above chance.
-top1=$(grep "ssm 0 step 40/40" "$TMP/train.log" | sed -E 's/.*top-1 ([0-9.]+).*/\1/')
+grep -q "^data: keeping the [1-9][0-9]* answers" "$TMP/data2.log" && grep -q "^data: 0 answers" "$TMP/data2.log" \
+  || { echo "FAIL: a second data run did not keep the first one's answers"; failures=1; }
+grep -q "ssm 0 step 40/40 held-out top-1 [0-9.]" "$TMP/train.log" \
+  || { echo "FAIL: no held-out agreement printed"; failures=1; }
+top1=$(grep "ssm 0 step 40/40 loss" "$TMP/train.log" | sed -E 's/.*top-1 ([0-9.]+).*/\1/')
 if ! awk -v t="${top1:-0}" 'BEGIN { exit !(t > 0.1) }'; then
   echo "FAIL: SSM 0 top-1 agreement after 40 steps is ${top1:-none}"; failures=1
 fi
