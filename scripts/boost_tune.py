@@ -828,15 +828,35 @@ def cmd_eval(args):
         extra.append("--chat")
     how = f"temperature {args.temperature}" if args.temperature > 0 else "greedy"
     print(f"eval: {len(recs)} held-out prompts, {how}, {args.max_tokens} tokens, tree {args.tree},"
-          f" --spec-budget {args.spec_budget}")
-    base_text = {}
+          f" --spec-budget {args.spec_budget}, {args.repeat} round(s)")
+    # Prompt by prompt, every configuration in turn (the order rotating), so that a slow spell of
+    # the machine falls on all of them alike; tok/s is the median over the rounds.
+    runs = {name: [] for name, _ in configs}
+    for rnd in range(args.repeat):
+        for i, r in enumerate(recs):
+            k = (i + rnd) % len(configs)
+            for name, drafts in configs[k:] + configs[:k]:
+                runs[name].append((rnd, r["prompt"], run_generate(
+                    args.model, r["prompt"], drafts, args.tree, args.max_tokens, args.threads,
+                    extra, args.spec_budget, args.temperature, args.seed)))
+    base_text = {p: j["tokens"] for _, p, j in runs["no draft"]}
+    base_rate = None
     for name, drafts in configs:
         gen = passes = decode_s = draft_s = 0
         acc_depth = None
         same = True
-        for r in recs:
-            j = run_generate(args.model, r["prompt"], drafts, args.tree, args.max_tokens,
-                             args.threads, extra, args.spec_budget, args.temperature, args.seed)
+        rates = []
+        for rnd in range(args.repeat):
+            g = d = 0
+            for rr, prompt, j in runs[name]:
+                if rr != rnd:
+                    continue
+                g += len(j["tokens"])
+                d += j["timing"]["decode_seconds"]
+            rates.append(g / max(d, 1e-9))
+        for rnd, prompt, j in runs[name]:
+            if rnd > 0:
+                continue  # counts from the first round (the others repeat them)
             sp = j["speculation"]
             gen += len(j["tokens"])
             passes += sp["llm_passes"] if drafts else len(j["tokens"])
@@ -845,19 +865,19 @@ def cmd_eval(args):
             a = sp.get("accepted_at_depth") or []
             acc_depth = a if acc_depth is None else [x + y for x, y in
                                                      zip(acc_depth + [0] * len(a), a + [0] * len(acc_depth))]
-            if args.temperature > 0:
-                pass  # sampled: the text is a draw (its distribution is the LLM's; tests/spec)
-            elif not drafts:
-                base_text[r["prompt"]] = j["tokens"]
-            elif base_text.get(r["prompt"]) != j["tokens"]:
+            # Sampled: the text is a draw (its distribution is the LLM's; tests/spec).
+            if args.temperature == 0 and drafts and base_text.get(prompt) != j["tokens"]:
                 same = False
+        rate = sorted(rates)[len(rates) // 2]
+        base_rate = rate if base_rate is None else base_rate
         tpp = gen / max(passes, 1)
         per_pass = [round(x / max(passes, 1), 3) for x in (acc_depth or [])]
         while per_pass and per_pass[-1] == 0:
             per_pass.pop()
         ms = 1e3 / max(passes, 1)
-        print(f"  {name:12s} tokens/pass {tpp:.2f}  decode {gen / max(decode_s, 1e-9):.1f} tok/s"
-              f"  per pass: {decode_s * ms:.2f} ms, of it drafting {draft_s * ms:.2f} ms"
+        print(f"  {name:12s} tokens/pass {tpp:.2f}  decode {rate:.1f} tok/s"
+              + (f" ({rate / base_rate:.2f}x)" if drafts else "")
+              + f"  per pass: {decode_s * ms:.2f} ms, of it drafting {draft_s * ms:.2f} ms"
               + (f"  accepted per pass by depth {per_pass}" if drafts else "")
               + ("" if same else "  OUTPUT DIFFERS FROM PLAIN DECODING"), flush=True)
         if not same:
@@ -915,6 +935,8 @@ def main():
                             "tokens per pass; auto/dynamic: what the server does by default")
         p.add_argument("--eval-prompts", type=int, default=24)
         p.add_argument("--max-tokens", type=int, default=128)
+        p.add_argument("--repeat", type=int, default=1,
+                       help="rounds over the prompts (tok/s: the median round)")
 
     p = sub.add_parser("data", help="the LLM's answers to the prompt set")
     common(p)
