@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The trained draft shipped under models/ssm/ (scripts/boost_tune.py, README "Trained drafts")
 # loads as `--draft model:...` on the default model, keeps greedy output identical to plain
-# decoding, and is a real trained draft: more than 1.3 tokens per LLM pass on chat prompts that
+# decoding, and is a real trained draft: more than 1.8 tokens per LLM pass on chat prompts that
 # were not in its training set (topics held out by boost_tune.py), with tree 1,1,3,1,1.
 # Usage: shipped_ssm_test.sh PATH_TO_SPECINFER   (SPECINFER_SOURCE_DIR set by CTest)
 set -u
@@ -33,7 +33,7 @@ for prompt in "What is photosynthesis?" "Write a short poem about penguins." \
 done
 tpp=$(awk -v g="$generated" -v p="$llm_passes" 'BEGIN { printf "%.2f", g / (p > 0 ? p : 1) }')
 echo "shipped SSM: $generated tokens in $llm_passes LLM passes ($tpp per pass)"
-if awk -v t="$tpp" 'BEGIN { exit !(t > 1.3) }'; then passes=$((passes + 1)); else
+if awk -v t="$tpp" 'BEGIN { exit !(t > 1.8) }'; then passes=$((passes + 1)); else
   echo "FAIL: $tpp tokens per pass: not a trained draft"; failures=$((failures + 1)); fi
 echo "$passes passed, $failures failed"
 [ "$failures" -eq 0 ]
