@@ -268,18 +268,20 @@ def cmd_data(args):
                          f"template ({got[:12]}... vs {want[:12]}...); pass --chat-template none")
         # An earlier run's answers (each a function of prompt, temperature and seed alone) are
         # kept: an interrupted run, or one with more prompts, only makes what is missing.
-        have, kept = set(), []
+        have, kept, cut = set(), [], False
         if (out / "data.jsonl").exists():
             with open(out / "data.jsonl") as f:
                 for line in f:
                     try:
                         r = json.loads(line)
                     except json.JSONDecodeError:
-                        break  # a line cut short by an interrupted run, and nothing after it
+                        cut = True  # a line cut short by an interrupted run: dropped
+                        break
                     have.add((r["prompt"], r["temperature"]))
                     kept.append(line)
-            with open(out / "data.jsonl", "w") as f:
-                f.writelines(kept)
+            if cut:
+                with open(out / "data.jsonl", "w") as f:
+                    f.writelines(kept)
             if have:
                 print(f"data: keeping the {len(have)} answers already in {out / 'data.jsonl'}")
         jobs = []
@@ -831,32 +833,28 @@ def cmd_eval(args):
           f" --spec-budget {args.spec_budget}, {args.repeat} round(s)")
     # Prompt by prompt, every configuration in turn (the order rotating), so that a slow spell of
     # the machine falls on all of them alike; tok/s is the median over the rounds.
-    runs = {name: [] for name, _ in configs}
+    # runs[name][round]: (prompt, generate's JSON) per prompt.
+    runs = {name: [[] for _ in range(args.repeat)] for name, _ in configs}
     for rnd in range(args.repeat):
         for i, r in enumerate(recs):
             k = (i + rnd) % len(configs)
             for name, drafts in configs[k:] + configs[:k]:
-                runs[name].append((rnd, r["prompt"], run_generate(
+                runs[name][rnd].append((r["prompt"], run_generate(
                     args.model, r["prompt"], drafts, args.tree, args.max_tokens, args.threads,
                     extra, args.spec_budget, args.temperature, args.seed)))
-    base_text = {p: j["tokens"] for _, p, j in runs["no draft"]}
+    base_text = {p: j["tokens"] for p, j in runs["no draft"][0]}
     base_rate = None
     for name, drafts in configs:
         gen = passes = decode_s = draft_s = 0
         acc_depth = None
-        same = True
-        rates = []
-        for rnd in range(args.repeat):
-            g = d = 0
-            for rr, prompt, j in runs[name]:
-                if rr != rnd:
-                    continue
-                g += len(j["tokens"])
-                d += j["timing"]["decode_seconds"]
-            rates.append(g / max(d, 1e-9))
-        for rnd, prompt, j in runs[name]:
-            if rnd > 0:
-                continue  # counts from the first round (the others repeat them)
+        # Greedy: every round's output must be plain decoding's. (Sampled: the text is a draw;
+        # its distribution is the LLM's, tests/spec.)
+        same = args.temperature > 0 or not drafts or all(
+            base_text[p] == j["tokens"] for rnd in runs[name] for p, j in rnd)
+        rates = [sum(len(j["tokens"]) for _, j in rnd) /
+                 max(sum(j["timing"]["decode_seconds"] for _, j in rnd), 1e-9)
+                 for rnd in runs[name]]
+        for _, j in runs[name][0]:  # counts from the first round (the others repeat it)
             sp = j["speculation"]
             gen += len(j["tokens"])
             passes += sp["llm_passes"] if drafts else len(j["tokens"])
@@ -865,9 +863,6 @@ def cmd_eval(args):
             a = sp.get("accepted_at_depth") or []
             acc_depth = a if acc_depth is None else [x + y for x, y in
                                                      zip(acc_depth + [0] * len(a), a + [0] * len(acc_depth))]
-            # Sampled: the text is a draw (its distribution is the LLM's; tests/spec).
-            if args.temperature == 0 and drafts and base_text.get(prompt) != j["tokens"]:
-                same = False
         rate = sorted(rates)[len(rates) // 2]
         base_rate = rate if base_rate is None else base_rate
         tpp = gen / max(passes, 1)
