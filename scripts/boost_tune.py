@@ -27,9 +27,12 @@ What it does, after SpecInfer (Miao et al., ASPLOS 2024, "collective boost-tunin
    so the later SSMs spend their capacity where the earlier ones disagree with the LLM and the
    merged token tree covers more of the LLM's choices. (The paper filters the prompts on which
    the earlier SSMs agreed; weighting positions keeps the data for the shared context the later
-   SSMs still have to model.) Each SSM is exported as GGUF (architecture llama, the LLM's
-   tokenizer metadata copied, so `--draft model:PATH` and SSM workers load it unchanged and the
-   vocabulary check passes; matrices Q8_0, norms F32).
+   SSMs still have to model.) `--boost-from A.gguf ...` takes SSMs trained before as the loop's
+   first members (loaded, not retrained; their hits are computed on this data, each with its own
+   draft vocabulary, position by position), so a boosted SSM can be added to a shipped one. Each
+   SSM is exported as GGUF (architecture llama, the LLM's vocabulary fingerprint, so
+   `--draft model:PATH` and SSM workers load it unchanged and the vocabulary check passes;
+   matrices Q8_0, or Q4_1 / Q4_0 with `--quant`, norms F32).
 3. eval: on the held-out prompts, greedy, `specinfer generate --draft model:SSM ... --tree T`:
    tokens per LLM pass and accepted tokens per depth for each SSM alone and for the merged set,
    and decode tok/s against no draft.
@@ -495,13 +498,14 @@ def draft_vocabulary(recs, size):
 
 def make_examples(recs, max_len, to_row, other):
     """Per answer: its tokens as draft rows (prompt + output, truncated) and, per output
-    position, the LLM's top-k candidates that the draft vocabulary holds (rows, log-probs) and
-    whether the LLM's own choice is among them."""
+    position, the LLM's top-k candidates that the draft vocabulary holds (rows, log-probs),
+    whether the LLM's own choice is among them, and its key (record index, output index: the
+    same position whatever the draft vocabulary, for the boosting weights)."""
     ex = []
-    for r in recs:
+    for ri, r in enumerate(recs):
         ids = (r["prompt_ids"] + r["output_ids"])[:max_len]
         n = len(r["prompt_ids"])
-        pos, tgt, reachable = [], [], []
+        pos, tgt, reachable, keys = [], [], [], []
         for j, top in enumerate(r["top"]):
             p = n + j - 1  # the hidden state that predicts output token j
             if p + 1 >= len(ids) or p < 0:
@@ -513,9 +517,10 @@ def make_examples(recs, max_len, to_row, other):
             pos.append(p)
             tgt.append(cand)
             reachable.append(to_row[r["output_ids"][j]] == cand[0][0])
+            keys.append((ri, j))
         if pos:
             ex.append({"ids": [int(to_row[t]) for t in ids], "pos": pos, "top": tgt,
-                       "reachable": reachable})
+                       "reachable": reachable, "keys": keys})
     return ex
 
 
@@ -534,7 +539,7 @@ def batch_tensors(torch, batch, weights):
             pr = torch.cat([pr, torch.zeros(TOP_K - len(pr))])
             cand.append(c)
             prob.append(pr)
-            w.append(weights[id(e)][k] if weights is not None else 1.0)
+            w.append(weights(e["keys"][k]) if weights is not None else 1.0)
     return (ids, torch.tensor(rows), torch.tensor(cand), torch.stack(prob),
             torch.tensor(w, dtype=torch.float32))
 
@@ -607,8 +612,8 @@ def train_one(torch, cfg, examples, weights, args, init_embed, index, layers=Non
 
 
 def agreement(torch, model, cfg, examples, args):
-    """Per example and target position: whether the SSM's top-1 is the LLM's top-1."""
-    hits = {}
+    """The keys of the target positions where the SSM's top-1 is the LLM's top-1."""
+    hits = set()
     model.eval()
     with torch.no_grad():
         for batch in batches(examples, args.batch_tokens, random.Random(0)):
@@ -619,7 +624,9 @@ def agreement(torch, model, cfg, examples, args):
             ok = (am == cand[:, 0]).tolist()
             k = 0
             for e in batch:
-                hits[id(e)] = [a and b for a, b in zip(ok[k: k + len(e["pos"])], e["reachable"])]
+                for a, b, key in zip(ok[k: k + len(e["pos"])], e["reachable"], e["keys"]):
+                    if a and b:
+                        hits.add(key)
                 k += len(e["pos"])
     model.train()
     return hits
@@ -628,7 +635,7 @@ def agreement(torch, model, cfg, examples, args):
 def top1_rate(torch, model, cfg, examples, args):
     """The share of the LLM's output positions where the SSM's top-1 is the LLM's token."""
     hits = agreement(torch, model, cfg, examples, args)
-    return sum(sum(h) for h in hits.values()) / max(sum(len(h) for h in hits.values()), 1)
+    return len(hits) / max(sum(len(e["pos"]) for e in examples), 1)
 
 
 def vocab_fingerprint(fields):
@@ -661,7 +668,52 @@ def vocab_fingerprint(fields):
     return h
 
 
-def export_gguf(model, cfg, llm_path, out_path, name, table, embed_tokenizer=False):
+def load_ssm(torch, path, llm_vocab):
+    """An SSM this script exported (train --boost-from): the model (weights dequantised), its
+    config and its draft vocabulary table."""
+    import gguf
+    import numpy as np
+    from gguf.quants import dequantize
+    try:
+        r = gguf.GGUFReader(str(path))
+    except (OSError, ValueError) as e:
+        sys.exit(f"boost_tune: cannot read {path}: {e}")
+    f = r.fields
+    arch = f["general.architecture"].contents()
+    if arch != "llama" or "specinfer.draft_token_ids" not in f:
+        sys.exit(f"boost_tune: {path} is not an SSM made by this script (no draft vocabulary)")
+    table = [int(t) for t in f["specinfer.draft_token_ids"].contents()]
+    if table[-1] != -1 or max(table[:-1]) >= llm_vocab:
+        sys.exit(f"boost_tune: {path}'s draft vocabulary does not fit the LLM's {llm_vocab} tokens")
+
+    def get(key):
+        return f[f"{arch}.{key}"].contents()
+    cfg = {"layers": int(get("block_count")), "heads": int(get("attention.head_count")),
+           "kv_heads": int(get("attention.head_count_kv")), "ffn": int(get("feed_forward_length")),
+           "vocab": len(table), "dim": int(get("embedding_length")),
+           "theta": float(get("rope.freq_base")), "eps": float(get("attention.layer_norm_rms_epsilon")),
+           "context": int(get("context_length"))}
+    tensors = {}
+    for t in r.tensors:
+        a = dequantize(t.data, gguf.GGMLQuantizationType(t.tensor_type))
+        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+        tensors[t.name] = torch.from_numpy(np.asarray(a, dtype=np.float32).reshape(shape).copy())
+    model = build_model(torch, cfg)
+    with torch.no_grad():
+        model.embed.weight.copy_(tensors["token_embd.weight"])
+        model.norm.weight.copy_(tensors["output_norm.weight"])
+        for i, b in enumerate(model.blocks):
+            p = f"blk.{i}."
+            for mod, name in ((b.attn_norm, "attn_norm"), (b.q, "attn_q"), (b.k, "attn_k"),
+                              (b.v, "attn_v"), (b.o, "attn_output"), (b.ffn_norm, "ffn_norm"),
+                              (b.gate, "ffn_gate"), (b.up, "ffn_up"), (b.down, "ffn_down")):
+                mod.weight.copy_(tensors[p + name + ".weight"])
+    model.eval()
+    return model, cfg, table
+
+
+def export_gguf(model, cfg, llm_path, out_path, name, table, embed_tokenizer=False,
+                quant="Q8_0"):
     import gguf
     import numpy as np
     from gguf.quants import quantize
@@ -694,11 +746,12 @@ def export_gguf(model, cfg, llm_path, out_path, name, table, embed_tokenizer=Fal
         elif "tokenizer.ggml.tokens" in fields:
             w.add_uint64("specinfer.vocab_fingerprint", vocab_fingerprint(fields))
 
+    qtype = gguf.GGMLQuantizationType[quant]
+
     def mat(name, t):
         a = t.detach().float().numpy()
         if a.shape[-1] % 32 == 0:
-            w.add_tensor(name, quantize(a, gguf.GGMLQuantizationType.Q8_0),
-                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(name, quantize(a, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(name, a.astype(np.float32))
 
@@ -777,21 +830,32 @@ def cmd_train(args):
         held = [r for r in load_data(Path(args.data) / "data.jsonl", "heldout", args.seed)
                 if r["temperature"] == 0.0]
         heldout = make_examples(held, args.max_len, to_row, other)
-    hit_any = None
+    # The positions (record, output index) that earlier SSMs of the loop get right.
+    hit_any = set()
+    first = 0
+    for path in args.boost_from:
+        # An SSM trained before (its own draft vocabulary and shape): its hits on this data
+        # down-weight the new SSMs' positions, as if the loop had just trained it.
+        model, own_cfg, own_table = load_ssm(torch, path, llm_vocab)
+        own_to_row = np.full(llm_vocab, len(own_table) - 1, dtype=np.int64)
+        own_to_row[own_table[:-1]] = np.arange(len(own_table) - 1)
+        own = make_examples(recs, args.max_len, own_to_row, len(own_table) - 1)
+        hit_any |= agreement(torch, model, own_cfg, own, args)
+        print(f"boost: SSM {first} is {path} ({own_cfg['layers']} layers x {own_cfg['dim']}, "
+              f"{len(own_table) - 1} draft tokens)", flush=True)
+        first += 1
     paths = []
-    for k in range(args.ssms):
+    for k in range(first, first + args.ssms):
         weights = None
-        if hit_any is not None:
-            weights = {i: [BOOST_HIT_WEIGHT if h else 1.0 for h in hs] for i, hs in hit_any.items()}
-            share = sum(sum(h) for h in hit_any.values()) / max(n_pos, 1)
-            print(f"boost: SSM {k} down-weights the {share:.1%} of positions an earlier SSM gets")
+        if k > 0:
+            weights = lambda key: BOOST_HIT_WEIGHT if key in hit_any else 1.0  # noqa: E731
+            print(f"boost: SSM {k} down-weights the {len(hit_any) / max(n_pos, 1):.1%} of "
+                  "positions an earlier SSM gets", flush=True)
         model = train_one(torch, cfg, examples, weights, args, init, k, layers, heldout)
-        hits = agreement(torch, model, cfg, examples, args)
-        hit_any = hits if hit_any is None else {
-            i: [a or b for a, b in zip(hit_any[i], hits[i])] for i in hits}
+        hit_any |= agreement(torch, model, cfg, examples, args)
         path = out / f"ssm-{k}.gguf"
         export_gguf(model, cfg, args.model, path, f"specinfer boost-tuned SSM {k}", table,
-                    args.embed_tokenizer)
+                    args.embed_tokenizer, args.quant)
         paths.append(path)
         print(f"exported {path} ({path.stat().st_size / 2**20:.2f} MiB)")
     with open(out / "config.json", "w") as f:
@@ -919,6 +983,11 @@ def main():
                        help="N > 0: every N steps, the SSM's top-1 agreement on the held-out "
                             "greedy answers")
         p.add_argument("--no-bf16", dest="bf16", action="store_false")
+        p.add_argument("--quant", default="Q8_0", choices=["Q8_0", "Q4_1", "Q4_0"],
+                       help="block type of the exported matrices (norms stay F32)")
+        p.add_argument("--boost-from", nargs="+", default=[], metavar="GGUF",
+                       help="SSMs trained before, taken as the loop's first SSMs (not retrained):"
+                            " the new ones are boosted against them and numbered after them")
 
     def eval_args(p):
         p.add_argument("--chat-template", default=None, help="'none': prompts as plain text")

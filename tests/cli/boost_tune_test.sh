@@ -50,6 +50,14 @@ set -e
 "$PY" "$SRC/scripts/boost_tune.py" eval --model "$ST/stories260K.bin" --tokenizer "$ST/tok512.bin" \
   --chat-template none --data "$TMP/work" --ssm "$TMP/work/ssm/ssm-0.gguf" \
   "$TMP/work/ssm/ssm-1.gguf" --eval-prompts 4 --max-tokens 48 --threads 2 | tee "$TMP/eval.log"
+# A boosted SSM added to one trained before (loaded from its GGUF), exported as Q4_1, other
+# shape and draft vocabulary; eval checks its greedy output against plain decoding.
+"$PY" "$SRC/scripts/boost_tune.py" train --model "$ST/stories260K.bin" --data "$TMP/work" \
+  --out "$TMP/work/ssm-b" --boost-from "$TMP/work/ssm/ssm-0.gguf" --ssms 1 --steps 10 --dim 32 \
+  --layers 1 --draft-vocab 128 --quant Q4_1 --log-every 10 --threads 2 | tee "$TMP/train-b.log"
+"$PY" "$SRC/scripts/boost_tune.py" eval --model "$ST/stories260K.bin" --tokenizer "$ST/tok512.bin" \
+  --chat-template none --data "$TMP/work" --ssm "$TMP/work/ssm/ssm-0.gguf" \
+  "$TMP/work/ssm-b/ssm-1.gguf" --eval-prompts 4 --max-tokens 48 --threads 2 | tee "$TMP/eval-b.log"
 set +e
 
 failures=0
@@ -64,5 +72,14 @@ top1=$(grep "ssm 0 step 40/40 loss" "$TMP/train.log" | sed -E 's/.*top-1 ([0-9.]
 if ! awk -v t="${top1:-0}" 'BEGIN { exit !(t > 0.1) }'; then
   echo "FAIL: SSM 0 top-1 agreement after 40 steps is ${top1:-none}"; failures=1
 fi
+# --boost-from: the loaded SSM gets as many positions right here as it did in training (its
+# weights went through Q8_0, so allow a little), and the new one is boosted against it.
+share() { grep "boost: SSM 1 down-weights" "$1" | sed -E 's/.* the ([0-9.]+)% .*/\1/'; }
+s1=$(share "$TMP/train.log"); s2=$(share "$TMP/train-b.log")
+grep -q "boost: SSM 0 is .*ssm-0.gguf" "$TMP/train-b.log" \
+  && awk -v a="${s1:-x}" -v b="${s2:-y}" 'BEGIN { d = a - b; exit !(a > 0 && (d < 0 ? -d : d) < 2) }' \
+  || { echo "FAIL: --boost-from: SSM 0's share of positions ${s2:-none}%, in training ${s1:-none}%"; failures=1; }
+grep -q "^  ssm-1.gguf .*tokens/pass" "$TMP/eval-b.log" && grep -q "^  merged " "$TMP/eval-b.log" \
+  || { echo "FAIL: the Q4_1 SSM trained with --boost-from was not evaluated"; failures=1; }
 if [ "$failures" -eq 0 ]; then echo "1 passed, 0 failed"; else echo "0 passed, 1 failed"; fi
 exit "$failures"
