@@ -118,7 +118,12 @@ CoreScheduler::ScheduledStep CoreScheduler::Schedule() {
   step.decoding = num_decoding;
   const bool adaptive = options_.spec_budget != SpecBudgetMode::kStatic;
   const bool dynamic = options_.spec_budget == SpecBudgetMode::kDynamic;
-  if (!candidates.empty() && adaptive && !controller_->calibrated()) Calibrate();
+  if (!candidates.empty() && adaptive && !controller_->calibrated()) {
+    Calibrate();
+    // The calibration passes are no part of this step's time (they made the first step's
+    // overhead, which the controller adds to every option, hundreds of ms).
+    step.start = std::chrono::steady_clock::now();
+  }
   // Per speculating sequence: its depth cap and, for dynamic trees, its node budget.
   std::map<const Sequence*, std::pair<int32_t, int32_t>> cap;
   if (!candidates.empty()) {
@@ -290,12 +295,13 @@ void CoreScheduler::Update(ScheduledStep& step, const PassOutput& pass) {
       const Sequence& q = *it->seq;
       emitted += q.generated() - step.generated_before[i];
       const SpeculativeStep::TreeReport& t = q.speculation().last_tree();
+      const double draft_seconds = t.draft_steady ? t.draft_seconds : -1;
       if (t.dynamic) {
         controller_->ObserveBudgetTree(q.speculation().key(), t.budget, t.probs, t.accepted,
-                                       t.draft_seconds);
+                                       draft_seconds);
       } else if (t.cap > 0) {
         controller_->ObserveTree(q.speculation().key(), t.cap, t.nodes_at_depth, t.accepted,
-                                t.draft_seconds);
+                                 draft_seconds);
       }
     }
     if (!s.ok()) {

@@ -37,12 +37,12 @@ void BudgetAcceptanceModel::Observe(int32_t budget, std::span<const float> sorte
   for (float p : sorted_probs) sum += p;
   for (int32_t k = 0; k < ranks; ++k) {
     const bool has = static_cast<size_t>(k) < sorted_probs.size();
-    prob[static_cast<size_t>(k)].Add(has ? sorted_probs[static_cast<size_t>(k)] : 0.0, alpha);
-    present[static_cast<size_t>(k)].Add(has ? 1.0 : 0.0, alpha);
+    prob[static_cast<size_t>(k)].Average(has ? sorted_probs[static_cast<size_t>(k)] : 0.0, alpha);
+    present[static_cast<size_t>(k)].Average(has ? 1.0 : 0.0, alpha);
   }
-  predicted.Add(sum, alpha);
-  accepted.Add(accepted_tokens, alpha);
-  if (!sorted_probs.empty()) drafted_accepted.Add(accepted_tokens, alpha);
+  predicted.Average(sum, alpha);
+  accepted.Average(accepted_tokens, alpha);
+  if (!sorted_probs.empty()) drafted_accepted.Average(accepted_tokens, alpha);
 }
 
 void AcceptanceModel::Observe(int32_t cap, std::span<const int32_t> nodes_at_depth,
@@ -54,11 +54,11 @@ void AcceptanceModel::Observe(int32_t cap, std::span<const int32_t> nodes_at_dep
   }
   for (int32_t d = 1; d <= cap; ++d) {
     const size_t i = static_cast<size_t>(d - 1);
-    accepted[i].Add(accepted_tokens >= d ? 1.0 : 0.0, alpha);
-    nodes[i].Add(i < nodes_at_depth.size() ? nodes_at_depth[i] : 0, alpha);
+    accepted[i].Average(accepted_tokens >= d ? 1.0 : 0.0, alpha);
+    nodes[i].Average(i < nodes_at_depth.size() ? nodes_at_depth[i] : 0, alpha);
   }
   if (!nodes_at_depth.empty() && nodes_at_depth[0] > 0)
-    drafted_hit.Add(accepted_tokens >= 1 ? 1.0 : 0.0, alpha);
+    drafted_hit.Average(accepted_tokens >= 1 ? 1.0 : 0.0, alpha);
 }
 
 int32_t PassCostModel::Bucket(double tokens) {
@@ -135,7 +135,7 @@ void SpecController::ObserveTree(const std::string& key, int32_t cap,
                                  double draft_seconds) {
   if (cap <= 0) return;
   global_[key].Observe(cap, nodes_at_depth, accepted, kGlobalAlpha);
-  draft_level_seconds_[key].Add(draft_seconds / cap, kGlobalAlpha * 4);
+  if (draft_seconds >= 0) draft_level_seconds_[key].Add(draft_seconds / cap, kGlobalAlpha * 4);
 }
 
 std::vector<int32_t> SpecController::Allocate(const std::vector<std::vector<double>>& r,
@@ -227,7 +227,7 @@ void SpecController::ObserveBudgetTree(const std::string& key, int32_t budget,
   if (budget <= 0) return;
   global_budget_[key].Observe(budget, sorted_probs, accepted, kGlobalAlpha);
   const double nodes = std::max<double>(static_cast<double>(sorted_probs.size()), 1);
-  draft_node_seconds_[key].Add(draft_seconds / nodes, kGlobalAlpha * 4);
+  if (draft_seconds >= 0) draft_node_seconds_[key].Add(draft_seconds / nodes, kGlobalAlpha * 4);
 }
 
 int64_t SpecController::ProbePeriod(size_t n, double base_tokens) const {
@@ -342,7 +342,11 @@ SpecController::Choice SpecController::ChooseBudgets(std::span<const Candidate> 
     const Candidate& c = candidates[i];
     int32_t b = taken[i];
     // Probes: twice the budget (at least 2), now and then, staggered across sequences.
-    if (Probes(c, period, ProbeBackoff(*c.key, /*dynamic=*/true))) {
+    if (Probes(c,
+               YoungPeriod(period, c.own_budget != nullptr && !c.own_budget->prob.empty()
+                                       ? c.own_budget->prob[0].count
+                                       : 0),
+               ProbeBackoff(*c.key, /*dynamic=*/true))) {
       b = std::max(2 * b, 2);
       ch.probed = true;
     }
@@ -378,9 +382,17 @@ SpecController::Choice SpecController::Choose(std::span<const Candidate> candida
       const size_t k = static_cast<size_t>(d - 1);
       const double shape_m = k < c.shape_nodes.size() ? static_cast<double>(c.shape_nodes[k]) : 1;
       // Pseudo-counts: an optimistic guess that makes new speculators try (0.6^d accepted, a
-      // full level of nodes) counts once, the speculator set's measurements up to kPriorWeight
-      // times, the sequence's own up to kOwnWeight times.
-      double wsum = 1, rsum = std::pow(0.6, d), msum = shape_m;
+      // full level of nodes), the speculator set's measurements up to kPriorWeight times, the
+      // sequence's own up to kOwnWeight times. The guess counts kPriorWeight + 1 times while
+      // neither has measurements, fading to once as they gain kPriorWeight: a good draft whose
+      // first two trees missed (an EWMA's first values are the observations themselves) was
+      // taken for a failing one, and probes every kProbePeriod steps took hundreds of steps to
+      // bring it back.
+      int64_t seen = 0;
+      for (const AcceptanceModel* a : {g, c.own})
+        if (a != nullptr && k < a->accepted.size()) seen = std::max(seen, a->accepted[k].count);
+      const double guess = 1 + std::max(kPriorWeight - static_cast<double>(seen), 0.0);
+      double wsum = guess, rsum = guess * std::pow(0.6, d), msum = guess * shape_m;
       for (const auto& [a, cap] : {std::pair{g, kPriorWeight}, std::pair{c.own, kOwnWeight}}) {
         if (a == nullptr || k >= a->accepted.size() || a->accepted[k].count == 0) continue;
         const double w = std::min<double>(static_cast<double>(a->accepted[k].count), cap);
@@ -406,7 +418,10 @@ SpecController::Choice SpecController::Choose(std::span<const Candidate> candida
   const int64_t period = ProbePeriod(n, base_tokens);
   for (size_t i = 0; i < n; ++i) {
     const Candidate& c = candidates[i];
-    if (ch.depth[i] < c.max_depth && Probes(c, period, ProbeBackoff(*c.key, /*dynamic=*/false))) {
+    const int64_t seen =
+        c.own != nullptr && !c.own->accepted.empty() ? c.own->accepted[0].count : 0;
+    if (ch.depth[i] < c.max_depth &&
+        Probes(c, YoungPeriod(period, seen), ProbeBackoff(*c.key, /*dynamic=*/false))) {
       ++ch.depth[i];
       ch.probed = true;
     }

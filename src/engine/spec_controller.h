@@ -25,7 +25,10 @@
 // kProbePeriod of the controller's steps, or every kProbeEvery x (candidates) steps when the batch
 // is larger (staggered across sequences by id, so that short requests probe too; about one
 // probe every kProbeEvery steps then), so a speculator that failed for a while can come back and
-// t(T) keeps being measured beyond the chosen counts. Where a batch of several sequences is
+// t(T) keeps being measured beyond the chosen counts. A sequence with fewer than kYoungTrees
+// trees of its own probes every kProbeEvery steps instead (YoungPeriod), and acceptance rates
+// are plain means until they have 1 / alpha observations (Ewma::Average), so a draft whose
+// first guesses missed is not written off on them. Where a batch of several sequences is
 // compute-bound, probes come rarer still, so that they cost at most kProbeShare of the step
 // time (ProbePeriod). A
 // speculator set whose drafts mostly fail probes up to kMaxProbeBackoff times less often
@@ -52,6 +55,7 @@
 // Thread safety: one thread at a time (the engine core's loop); Snapshot() from any thread.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -79,6 +83,14 @@ struct Ewma {
   void Add(double x, double alpha) {
     value = count == 0 ? x : value + alpha * (x - value);
     ++count;
+  }
+  // The same, but the plain mean of the first 1 / alpha observations (each weighs 1 / count),
+  // for rates: with alpha from the start, a sequence's first two misses made its acceptance 0
+  // and the next hit only 0.1, so a good draft that missed twice at first stayed switched off
+  // for hundreds of steps.
+  void Average(double x, double alpha) {
+    ++count;
+    value += std::max(alpha, 1.0 / static_cast<double>(count)) * (x - value);
   }
 };
 
@@ -153,6 +165,10 @@ struct SpecControllerSnapshot {
 class SpecController {
  public:
   static constexpr int32_t kProbePeriod = 16;
+  // A sequence with fewer own trees than this at depth 1 probes every kProbeEvery steps where
+  // the base period applies (its first trees say little: one probe in 16 steps was too few to
+  // bring back a draft that missed at first).
+  static constexpr int64_t kYoungTrees = 8;
   static constexpr int32_t kProbeEvery = 4;  // steps per probe, at least, across the batch
   static constexpr double kProbeHit = 0.3;       // first-level hit rate below which probes thin
   static constexpr int64_t kMaxProbeBackoff = 16;  // out, down to 1/16 of the base rate
@@ -160,7 +176,7 @@ class SpecController {
   static constexpr double kProbeTokens = 2;     // pass tokens a probe adds, about
   static constexpr int64_t kMaxProbePeriod = 1024;  // steps; before the backoff
   static constexpr double kMinGain = 1.1;       // predicted tok/s over plain needed to speculate
-  static constexpr double kSeqAlpha = 0.25;     // per-sequence acceptance
+  static constexpr double kSeqAlpha = 0.1;      // per-sequence acceptance
   static constexpr double kGlobalAlpha = 0.05;  // per-speculator-set acceptance
   static constexpr double kTimeAlpha = 0.2;     // step times
   static constexpr double kPriorWeight = 4;     // observations the global prior counts for
@@ -211,11 +227,15 @@ class SpecController {
                    double draft_seconds, int64_t emitted, int32_t decoding);
   // A verified tree of a sequence of speculator set `key` (the global prior): drafted with depth
   // cap `cap` in `draft_seconds`, `nodes_at_depth[d - 1]` nodes at depth d, `accepted` accepted.
+  // A negative `draft_seconds`: its drafting time is not a step's (the drafts ran the prompt or
+  // the tokens of plain steps too, SpeculativeStep::TreeReport::draft_steady), so it is not
+  // counted; its acceptance is.
   void ObserveTree(const std::string& key, int32_t cap, std::span<const int32_t> nodes_at_depth,
                    int32_t accepted, double draft_seconds);
 
   // A verified dynamic tree of a sequence of speculator set `key`: node budget `budget`, its
-  // nodes' probabilities largest first, `accepted` accepted, drafted in `draft_seconds`.
+  // nodes' probabilities largest first, `accepted` accepted, drafted in `draft_seconds`
+  // (negative: not counted, as in ObserveTree).
   void ObserveBudgetTree(const std::string& key, int32_t budget,
                          std::span<const float> sorted_probs, int32_t accepted,
                          double draft_seconds);
@@ -259,6 +279,12 @@ class SpecController {
   // of the step's. In a compute-bound batch of 16 a probe's two tokens cost ~12% of a pass, and
   // one every 4 steps was the 1-3% that speculation lost there against plain decoding.
   int64_t ProbePeriod(size_t n, double base_tokens) const;
+  // The period of a candidate with `seen` own trees: kProbeEvery while it has fewer than
+  // kYoungTrees and `period` is the base one (a batch whose probes were made rarer to keep
+  // within kProbeShare keeps its period).
+  static int64_t YoungPeriod(int64_t period, int64_t seen) {
+    return seen < kYoungTrees && period == kProbePeriod ? kProbeEvery : period;
+  }
   // How much rarer probes of speculator set `key` are: kProbeHit over the share of its drafted
   // trees whose first level was accepted (for dynamic trees: accepted tokens per drafted tree;
   // a tree without nodes costs nothing and does not count), between 1 and

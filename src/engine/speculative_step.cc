@@ -197,7 +197,14 @@ StatusOr<int32_t> SpeculativeStep::Plan(int32_t root, const DraftContext* ctx, i
       ctx != nullptr ? std::clamp<int32_t>(ctx->max_nodes, 0, TreeShape::kMaxNodes) : 0;
   dynamic_ = ctx != nullptr && ctx->dynamic;
   budget_ = cap_ > 0 ? room : 0;
+  draft_steady_ = false;
   if (ctx != nullptr && cap_ > 0 && room > 0) {
+    // Since the last drafted tree the context grew by its accepted tokens and one more, unless
+    // steps without a tree came in between (or none was drafted: the drafts run the prompt).
+    const auto n = static_cast<int64_t>(ctx->tokens.size());
+    draft_steady_ = drafted_at_ >= 0 && n - drafted_at_ <= drafted_cap_ + 1;
+    drafted_at_ = n;
+    drafted_cap_ = cap_;
     DraftContext c = *ctx;
     // Trees DraftTogether drafted for this very context (else they are stale: propose anew).
     const bool batched = drafted_.size() == sessions_.size() &&
@@ -314,6 +321,7 @@ void SpeculativeStep::Record(std::span<const int32_t> accepted) {
   report_.probs = tree_.SortedProbs();
   report_.accepted = static_cast<int32_t>(accepted.size());
   report_.draft_seconds = draft_seconds_;
+  report_.draft_steady = draft_steady_;
   report_.nodes_at_depth.assign(static_cast<size_t>(cap_), 0);
   for (int32_t v = 1; v < size; ++v) {
     const int32_t d = tree_.node(v).depth;

@@ -64,6 +64,11 @@ class SpeculativeStep {
     std::vector<int32_t> nodes_at_depth;
     int32_t accepted = 0;
     double draft_seconds = 0;
+    // Whether the drafts caught up on the last step's tokens alone (this sequence drafted at
+    // its previous step too): then draft_seconds is what a step of this tree costs. Otherwise
+    // they also ran the prompt or the tokens of plain steps in between, a one-off cost that
+    // must not be taken for the cost of a level (it kept the controller from speculating).
+    bool draft_steady = false;
   };
   const TreeReport& last_tree() const { return report_; }
   // Seconds the last Plan spent drafting.
@@ -157,6 +162,10 @@ class SpeculativeStep {
   int32_t budget_ = 0;     // node budget it was drafted with
   bool dynamic_ = false;   // a dynamic tree
   double draft_seconds_ = 0;
+  bool draft_steady_ = false;  // the tree's draft_steady
+  // Context tokens when the last tree was drafted and its depth cap (-1: none drafted yet).
+  int64_t drafted_at_ = -1;
+  int32_t drafted_cap_ = 0;
 };
 
 }  // namespace specinfer
