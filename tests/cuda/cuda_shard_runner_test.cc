@@ -348,7 +348,9 @@ std::vector<PassLogits> Assemble(const std::vector<RankResult>& ranks, int32_t v
 bool EnoughDevices(int32_t ranks) { return cuda::DeviceCount() >= ranks; }
 
 // `compare_cpu`: also against the CPU runner (float32 models: the GPU's own tolerance).
-void ExpectGroupMatches(std::shared_ptr<const Model> model, GroupSpec g, bool compare_cpu = true) {
+// `tolerance`: absolute and relative, on the passes that are not batch-invariant.
+void ExpectGroupMatches(std::shared_ptr<const Model> model, GroupSpec g, bool compare_cpu = true,
+                        double tolerance = 1e-4) {
   const int32_t vocab = model->config().vocab_size;
   // References: the whole model on one GPU and on the CPU.
   CudaRunnerOptions whole_o;
@@ -383,7 +385,7 @@ void ExpectGroupMatches(std::shared_ptr<const Model> model, GroupSpec g, bool co
       EXPECT_ALL_CLOSE(got[i].values, (*want_gpu)[i].values, 0.0, 0.0,
                        "bit-exact vs one GPU, TP x PP " + layout + std::to_string(i));
     } else {
-      EXPECT_ALL_CLOSE(got[i].values, (*want_gpu)[i].values, 1e-4, 1e-4,
+      EXPECT_ALL_CLOSE(got[i].values, (*want_gpu)[i].values, tolerance, tolerance,
                        "vs one GPU, TP x PP " + layout + std::to_string(i));
     }
     if (compare_cpu)
@@ -439,7 +441,11 @@ TEST(CudaShardRunner, QuantizedWeightsTp2Pp2MatchOneGpu) {
   GroupSpec g;
   g.tp = 2;
   g.stages = 2;
-  ExpectGroupMatches(QuantizedGqa(), g, /*compare_cpu=*/false);
+  // Its cuBLAS passes cast activations to fp16 (and the KV cache is 16-bit): a reduction split
+  // over the TP ranks sums in another order, which flips an fp16 rounding now and then (2.6e-4
+  // on the logits, seen on a Sapphire Rapids host whose OpenBLAS kernels run the emulated
+  // cuBLAS; 1e-4 held on the others). The batch-invariant passes stay bit-exact.
+  ExpectGroupMatches(QuantizedGqa(), g, /*compare_cpu=*/false, /*tolerance=*/1e-3);
 }
 
 // A rank whose pass fails (here: a token outside the vocabulary, refused before any collective)
