@@ -417,13 +417,24 @@ def llm_embedding(model_path):
         return np.fromfile(model_path, dtype=np.float32, count=h["vocab"] * h["dim"],
                            offset=28).reshape(h["vocab"], h["dim"])
     import gguf
+    e = gguf_tensors(gguf.GGUFReader(str(model_path)), {"token_embd.weight"})
+    if not e:
+        sys.exit(f"boost_tune: {model_path} has no token_embd.weight")
+    return e["token_embd.weight"]
+
+
+def gguf_tensors(reader, names=None):
+    """A GGUF's tensors (those in `names`, or all) as float32 arrays of their logical shape."""
+    import gguf
+    import numpy as np
     from gguf.quants import dequantize
-    r = gguf.GGUFReader(str(model_path))
-    for t in r.tensors:
-        if t.name == "token_embd.weight":
-            e = dequantize(t.data, gguf.GGMLQuantizationType(t.tensor_type))
-            return np.asarray(e, dtype=np.float32).reshape(-1, int(t.shape[0]))
-    sys.exit(f"boost_tune: {model_path} has no token_embd.weight")
+    out = {}
+    for t in reader.tensors:
+        if names is None or t.name in names:
+            a = dequantize(t.data, gguf.GGMLQuantizationType(t.tensor_type))
+            shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+            out[t.name] = np.asarray(a, dtype=np.float32).reshape(shape)
+    return out
 
 
 def llm_hparams(model_path):
@@ -444,8 +455,6 @@ def llm_hparams(model_path):
 def llm_layers(model_path, n):
     """The LLM's first `n` layers (and final norm) as float32 arrays, for --init-layers."""
     import gguf
-    import numpy as np
-    from gguf.quants import dequantize
     r = gguf.GGUFReader(str(model_path))
     arch = r.fields["general.architecture"].contents()
     out = {"heads": int(r.fields[f"{arch}.attention.head_count"].contents()),
@@ -455,11 +464,7 @@ def llm_layers(model_path, n):
         "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
         "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
         "ffn_down.weight")}
-    for t in r.tensors:
-        if t.name in wanted:
-            a = dequantize(t.data, gguf.GGMLQuantizationType(t.tensor_type))
-            shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-            out[t.name] = np.asarray(a, dtype=np.float32).reshape(shape)
+    out.update(gguf_tensors(r, wanted))
     missing = wanted - set(out)
     if missing:
         sys.exit(f"boost_tune: {model_path} lacks {sorted(missing)[:3]}")
@@ -560,22 +565,38 @@ def batches(examples, tokens_per_batch, rng):
     return out
 
 
+BLOCK_WEIGHTS = (("attn_norm", "attn_norm"), ("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v"),
+                 ("o", "attn_output"), ("ffn_norm", "ffn_norm"), ("gate", "ffn_gate"),
+                 ("up", "ffn_up"), ("down", "ffn_down"))
+
+
+def copy_weights(torch, model, tensors):
+    """The final norm and every block's weights from `tensors` (GGUF names -> float32 arrays)."""
+    t = lambda name: torch.from_numpy(tensors[name].copy())  # noqa: E731
+    with torch.no_grad():
+        model.norm.weight.copy_(t("output_norm.weight"))
+        for i, b in enumerate(model.blocks):
+            for attr, name in BLOCK_WEIGHTS:
+                getattr(b, attr).weight.copy_(t(f"blk.{i}.{name}.weight"))
+
+
+def row_map(table, llm_vocab):
+    """LLM token id -> row of a draft vocabulary `table` (its last row: every other token)."""
+    import numpy as np
+    to_row = np.full(llm_vocab, len(table) - 1, dtype=np.int64)
+    to_row[table[:-1]] = np.arange(len(table) - 1)
+    return to_row
+
+
 def train_one(torch, cfg, examples, weights, args, init_embed, index, layers=None, heldout=None):
     torch.manual_seed(args.seed + index)
     model = build_model(torch, cfg)
     with torch.no_grad():
         model.embed.weight.copy_(torch.from_numpy(init_embed))
-        if layers is not None:
-            t = lambda name: torch.from_numpy(layers[name].copy())  # noqa: E731
-            model.norm.weight.copy_(t("output_norm.weight"))
-            for i, b in enumerate(model.blocks):
-                p = f"blk.{i}."
-                for mod, name in ((b.attn_norm, "attn_norm"), (b.q, "attn_q"), (b.k, "attn_k"),
-                                  (b.v, "attn_v"), (b.o, "attn_output"),
-                                  (b.ffn_norm, "ffn_norm"), (b.gate, "ffn_gate"),
-                                  (b.up, "ffn_up"), (b.down, "ffn_down")):
-                    mod.weight.copy_(t(p + name + ".weight"))
-        else:
+    if layers is not None:
+        copy_weights(torch, model, layers)
+    else:
+        with torch.no_grad():
             for blk in model.blocks:  # small residual branches at the start
                 blk.o.weight.mul_(0.5)
                 blk.down.weight.mul_(0.5)
@@ -672,8 +693,6 @@ def load_ssm(torch, path, llm_vocab):
     """An SSM this script exported (train --boost-from): the model (weights dequantised), its
     config and its draft vocabulary table."""
     import gguf
-    import numpy as np
-    from gguf.quants import dequantize
     try:
         r = gguf.GGUFReader(str(path))
     except (OSError, ValueError) as e:
@@ -693,21 +712,11 @@ def load_ssm(torch, path, llm_vocab):
            "vocab": len(table), "dim": int(get("embedding_length")),
            "theta": float(get("rope.freq_base")), "eps": float(get("attention.layer_norm_rms_epsilon")),
            "context": int(get("context_length"))}
-    tensors = {}
-    for t in r.tensors:
-        a = dequantize(t.data, gguf.GGMLQuantizationType(t.tensor_type))
-        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-        tensors[t.name] = torch.from_numpy(np.asarray(a, dtype=np.float32).reshape(shape).copy())
+    tensors = gguf_tensors(r)
     model = build_model(torch, cfg)
     with torch.no_grad():
-        model.embed.weight.copy_(tensors["token_embd.weight"])
-        model.norm.weight.copy_(tensors["output_norm.weight"])
-        for i, b in enumerate(model.blocks):
-            p = f"blk.{i}."
-            for mod, name in ((b.attn_norm, "attn_norm"), (b.q, "attn_q"), (b.k, "attn_k"),
-                              (b.v, "attn_v"), (b.o, "attn_output"), (b.ffn_norm, "ffn_norm"),
-                              (b.gate, "ffn_gate"), (b.up, "ffn_up"), (b.down, "ffn_down")):
-                mod.weight.copy_(tensors[p + name + ".weight"])
+        model.embed.weight.copy_(torch.from_numpy(tensors["token_embd.weight"].copy()))
+    copy_weights(torch, model, tensors)
     model.eval()
     return model, cfg, table
 
@@ -789,8 +798,7 @@ def cmd_train(args):
     recs = load_data(Path(args.data) / "data.jsonl", "train", args.seed)
     table, covered = draft_vocabulary(recs, min(args.draft_vocab, llm_vocab))
     other = len(table) - 1
-    to_row = np.full(llm_vocab, other, dtype=np.int64)
-    to_row[table[:-1]] = np.arange(other)
+    to_row = row_map(table, llm_vocab)
     print(f"draft vocabulary: {other} of the LLM's {llm_vocab} tokens and one for the rest; "
           f"they cover {covered:.1%} of the LLM's output tokens")
     rest = np.ones(llm_vocab, dtype=bool)
@@ -837,9 +845,8 @@ def cmd_train(args):
         # An SSM trained before (its own draft vocabulary and shape): its hits on this data
         # down-weight the new SSMs' positions, as if the loop had just trained it.
         model, own_cfg, own_table = load_ssm(torch, path, llm_vocab)
-        own_to_row = np.full(llm_vocab, len(own_table) - 1, dtype=np.int64)
-        own_to_row[own_table[:-1]] = np.arange(len(own_table) - 1)
-        own = make_examples(recs, args.max_len, own_to_row, len(own_table) - 1)
+        own = make_examples(recs, args.max_len, row_map(own_table, llm_vocab),
+                            len(own_table) - 1)
         hit_any |= agreement(torch, model, own_cfg, own, args)
         print(f"boost: SSM {first} is {path} ({own_cfg['layers']} layers x {own_cfg['dim']}, "
               f"{len(own_table) - 1} draft tokens)", flush=True)
