@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <span>
 #include <vector>
 
 namespace specinfer {
@@ -436,6 +437,30 @@ TEST(SpecController, ChoosesNoNodesWhenDraftsFailOrPassesAreComputeBound) {
     const SpecController::Choice ch = c.ChooseBudgets(BudgetCandidates(own, key, 64), 1, 0, 512);
     EXPECT_EQ(ch.nodes[0], 0);
   }
+}
+
+TEST(SpecController, NodeBudgetsOfAGoodDraftWhoseFirstTreesMissedComeBack) {
+  // As AGoodDraftWhoseFirstTreesMissedIsBackWithinAFewProbes, for dynamic trees of one node: a
+  // lone sequence on a CPU (5 ms + 0.4 ms per pass token, 0.7 ms of drafting per node) whose
+  // draft gives its node probability 0.5, misses its first four trees, then hits every other
+  // one (its confidence right; about 1.2x with one node).
+  SpecController c;
+  WithCost(c, 0.005, 0.0004);
+  const std::string key = "model:ssm";
+  std::vector<BudgetAcceptanceModel> own(1);
+  const auto cs = BudgetCandidates(own, key, 1);
+  const std::vector<float> probs = {0.5f};
+  int trees = 0, late = 0;
+  for (int step = 0; step < 300; ++step) {
+    const SpecController::Choice ch = c.ChooseBudgets(cs, 1, 0, 512);
+    if (ch.nodes[0] == 0) continue;
+    const int32_t accepted = trees >= 4 && trees % 2 == 0 ? 1 : 0;
+    ++trees;
+    own[0].Observe(1, probs, accepted, SpecController::kSeqAlpha);
+    c.ObserveBudgetTree(key, 1, probs, accepted, 0.0007);
+    if (step >= 100) ++late;
+  }
+  EXPECT_GE(late, 150);  // of the last 200 steps
 }
 
 TEST(SpecController, NodeBudgetsProbeNowAndThen) {
