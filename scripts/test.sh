@@ -26,6 +26,10 @@ case "$sanitize" in
     # Leaks are checked too (LeakSanitizer); reports name source lines.
     export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:strict_string_checks=1}"
     export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+    # Not the statistical tests (label `statistical`: 4000-20000 draws of the same code each,
+    # 3-4 minutes apiece under ASan); the normal build runs them, and the short sampled tests
+    # (VerifyStochastic, BatchedDraft, DynamicTree, ...) take that code through ASan here.
+    ctest_args+=(-LE statistical)
     ;;
   thread)
     BUILD_DIR="${BUILD_DIR:-$ROOT/build-tsan}"

@@ -1,18 +1,58 @@
 #include "test_util.h"
 
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "backend/cpu/cpu_runner.h"
+#include "backend/cpu/simd.h"
 #include "model/gguf_writer.h"
 
 namespace specinfer::testing {
+
+namespace {
+
+// CTest runs some test binaries again with a kernel set switched off (SPECINFER_NO_AVX512 or
+// SPECINFER_NO_AVX2, tests/CMakeLists.txt). On a CPU without that set the run would repeat the
+// default one test for test: it runs no test and reports itself skipped, saying why. (GoogleTest
+// 1.12 prints no "[  SKIPPED ]" line for a skip in a global set-up, the line CTest looks for, so
+// it is printed here.)
+class RepeatedKernelSetRun : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    const auto& f = cpu::GetCpuFeatures();
+    auto set = [](const char* name) {
+      const char* v = std::getenv(name);
+      return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
+    };
+    const char* why = nullptr;
+    if (set("SPECINFER_NO_AVX2") && !(f.avx2 && f.fma && f.f16c)) {
+      why =
+          "SPECINFER_NO_AVX2 on a CPU without AVX2/FMA/F16C: the default run already took "
+          "these tests through the portable kernels";
+    } else if (set("SPECINFER_NO_AVX512") && !set("SPECINFER_NO_AVX2") &&
+               !(f.avx512f && f.avx512vl && f.avx512bw && f.avx512vnni)) {
+      why =
+          "SPECINFER_NO_AVX512 on a CPU without AVX-512 F/VL/BW/VNNI: the default run already "
+          "took these tests through the AVX2 kernels";
+    }
+    if (why != nullptr) {
+      std::printf("[  SKIPPED ] every test of this run: %s\n", why);
+      std::fflush(stdout);
+      GTEST_SKIP() << why;
+    }
+  }
+};
+
+[[maybe_unused]] ::testing::Environment* const kRepeatedKernelSetRun =
+    ::testing::AddGlobalTestEnvironment(new RepeatedKernelSetRun);
+
+}  // namespace
 
 std::string SourcePath(const std::string& relative) {
   return std::string(SPECINFER_SOURCE_DIR) + "/" + relative;
