@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include "backend/cpu/cpu_runner.h"
 #include "backend/cpu/simd.h"
 #include "model/gguf_writer.h"
+#include "sampling/sampler.h"
 
 namespace specinfer::testing {
 
@@ -145,6 +147,94 @@ std::vector<float> PromptLogits(ModelRunner& runner, KvCacheManager& kv,
   kv.RemoveSequence(s);
   EXPECT_TRUE(st.ok()) << st.ToString();
   return st.ok() ? logits : std::vector<float>();
+}
+
+void ExpectArgmaxRowsMatchLogits(ModelRunner& runner, KvCacheManager& kv,
+                                 const std::vector<int32_t>& tokens) {
+  const auto n = static_cast<int32_t>(tokens.size());
+  ASSERT_GE(n, 6);
+  const int32_t vocab = runner.model().config().vocab_size;
+  const auto row_floats = static_cast<size_t>(vocab);
+  // Two passes of one sequence: the prompt but its last four tokens (causal), then those four as
+  // a tree after it (nodes 2 and 3 both children of node 1). Rows are numbered 0..n-1 over both.
+  const int32_t prefix = n - 4;
+  const std::vector<int32_t> parents = {-1, 0, 1, 1};
+  const TreeMask mask = TreeMask::FromParents(parents);
+
+  // Runs both passes asking for `logit_rows` and `argmax_rows` (ForwardArgmax if `argmax`);
+  // fills `logits` ([logit_rows, vocab]) and `ids` ([argmax_rows]) in the order asked.
+  auto run = [&](bool argmax, const std::vector<int32_t>& logit_rows,
+                 const std::vector<int32_t>& argmax_rows, std::vector<float>* logits,
+                 std::vector<int32_t>* ids) {
+    logits->assign(logit_rows.size() * row_floats, 0.0f);
+    ids->assign(argmax_rows.size(), -1);
+    const SeqId s = kv.AddSequence();
+    Status st = kv.Reserve(s, n);
+    for (int pass = 0; pass < 2 && st.ok(); ++pass) {
+      const int32_t begin = pass == 0 ? 0 : prefix, end = pass == 0 ? prefix : n;
+      std::vector<int32_t> toks(tokens.begin() + begin, tokens.begin() + end), pos;
+      for (int32_t i = begin; i < end; ++i)
+        pos.push_back(pass == 0 ? i : prefix + std::min(i - prefix, 2));
+      ForwardBatch b;
+      b.AddSequence(s, toks, pos, begin, pass == 0 ? nullptr : &mask);
+      std::vector<size_t> lwhere, awhere;  // where each of the pass's rows goes
+      for (size_t i = 0; i < logit_rows.size(); ++i)
+        if (logit_rows[i] >= begin && logit_rows[i] < end) {
+          b.logit_rows.push_back(logit_rows[i] - begin);
+          lwhere.push_back(i);
+        }
+      for (size_t i = 0; i < argmax_rows.size(); ++i)
+        if (argmax_rows[i] >= begin && argmax_rows[i] < end) {
+          b.argmax_rows.push_back(argmax_rows[i] - begin);
+          awhere.push_back(i);
+        }
+      std::vector<float> l(b.logit_rows.size() * row_floats);
+      std::vector<int32_t> a(b.argmax_rows.size());
+      st = argmax ? runner.ForwardArgmax(b, kv, l, a) : runner.Forward(b, kv, l);
+      for (size_t i = 0; i < lwhere.size(); ++i)
+        std::copy_n(l.begin() + static_cast<ptrdiff_t>(i * row_floats), row_floats,
+                    logits->begin() + static_cast<ptrdiff_t>(lwhere[i] * row_floats));
+      for (size_t i = 0; i < awhere.size(); ++i) (*ids)[awhere[i]] = a[i];
+    }
+    kv.RemoveSequence(s);
+    return st;
+  };
+
+  std::vector<int32_t> all(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) all[static_cast<size_t>(i)] = i;
+  std::vector<float> want;
+  std::vector<int32_t> none;
+  Status st = run(false, all, {}, &want, &none);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+
+  // Argmax rows in shuffled order, and two logits rows beside them.
+  std::vector<int32_t> argmax_rows(all.rbegin(), all.rend());
+  std::swap(argmax_rows[1], argmax_rows[static_cast<size_t>(n) - 2]);
+  const std::vector<int32_t> logit_rows = {n - 2, 1};
+  std::vector<float> got;
+  std::vector<int32_t> ids;
+  st = run(true, logit_rows, argmax_rows, &got, &ids);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  for (size_t i = 0; i < argmax_rows.size(); ++i) {
+    const std::span<const float> row(want.data() + argmax_rows[i] * row_floats, row_floats);
+    EXPECT_EQ(ids[i], Argmax(row)) << "argmax row " << argmax_rows[i];
+  }
+  for (size_t i = 0; i < logit_rows.size(); ++i)
+    EXPECT_EQ(std::memcmp(got.data() + i * row_floats, want.data() + logit_rows[i] * row_floats,
+                          row_floats * sizeof(float)),
+              0)
+        << "logits row " << logit_rows[i];
+
+  // A batch with argmax rows is ForwardArgmax's, not Forward's.
+  const SeqId s = kv.AddSequence();
+  ASSERT_TRUE(kv.Reserve(s, 1).ok());
+  ForwardBatch b;
+  b.AddSequence(s, std::vector<int32_t>{tokens[0]}, std::vector<int32_t>{0}, 0, nullptr);
+  b.argmax_rows = {0};
+  std::vector<float> l;
+  st = runner.Forward(b, kv, l);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  kv.RemoveSequence(s);
 }
 
 void WriteDraftVocabGguf(const std::string& llama2c_path, const std::vector<int32_t>& table,

@@ -57,6 +57,13 @@ std::vector<float> PromptLogits(ModelRunner& runner, KvCacheManager& kv,
                                 const std::vector<int32_t>& tokens,
                                 const std::vector<int32_t>& rows);
 
+// ModelRunner::ForwardArgmax's contract on `runner`: for a prompt of `tokens` (one pass, a tree
+// over its last four tokens, positions by depth), the argmax rows (every row, in shuffled
+// order) are the Argmax of the same rows' logits from Forward, and the logits rows asked
+// for beside them are bit-identical to Forward's. Reports through gtest.
+void ExpectArgmaxRowsMatchLogits(ModelRunner& runner, KvCacheManager& kv,
+                                 const std::vector<int32_t>& tokens);
+
 // The logits after the last of `tokens`, on a fresh single-threaded CPU runner for `model`.
 std::vector<float> LastLogits(std::shared_ptr<const Model> model,
                               const std::vector<int32_t>& tokens);

@@ -1,5 +1,9 @@
 #include "backend/backend.h"
 
+#include <algorithm>
+
+#include "sampling/sampler.h"
+
 namespace specinfer {
 
 TreeMask TreeMask::Empty(int32_t rows, int32_t cols) {
@@ -72,6 +76,44 @@ Status ForwardBatch::Validate(int32_t vocab_size) const {
     if (p < 0) return InvalidArgumentError("batch: negative position");
   for (int32_t r : logit_rows)
     if (r < 0 || r >= size()) return InvalidArgumentError("batch: logit row out of range");
+  for (int32_t r : argmax_rows)
+    if (r < 0 || r >= size()) return InvalidArgumentError("batch: argmax row out of range");
+  return Status::Ok();
+}
+
+Status ForwardArgmaxOnHost(
+    const ForwardBatch& batch, int32_t col0, int32_t cols, std::vector<float>& scratch,
+    std::span<float> logits, std::span<ArgmaxShare> argmax,
+    const std::function<Status(const ForwardBatch&, std::span<float>)>& forward) {
+  const size_t m = batch.logit_rows.size(), a = batch.argmax_rows.size();
+  const auto width = static_cast<size_t>(cols);
+  if (logits.size() < m * width) return InvalidArgumentError("logits buffer too small");
+  if (argmax.size() < a) return InvalidArgumentError("argmax buffer too small");
+  if (a == 0) return forward(batch, logits);
+  ForwardBatch all = batch;  // the masks it points to stay the caller's
+  all.logit_rows.insert(all.logit_rows.end(), batch.argmax_rows.begin(), batch.argmax_rows.end());
+  all.argmax_rows.clear();
+  scratch.resize((m + a) * width);
+  SI_RETURN_IF_ERROR(forward(all, scratch));
+  std::copy_n(scratch.begin(), m * width, logits.begin());
+  for (size_t i = 0; i < a; ++i) {
+    const std::span<const float> row(scratch.data() + (m + i) * width, width);
+    const int32_t best = Argmax(row);
+    argmax[i] = ArgmaxShare{row[static_cast<size_t>(best)], col0 + best};
+  }
+  return Status::Ok();
+}
+
+Status ModelRunner::ForwardArgmax(const ForwardBatch& batch, const KvCacheManager& kv,
+                                  std::span<float> logits, std::span<int32_t> argmax) {
+  const int32_t vocab = model().config().vocab_size;
+  if (argmax.size() < batch.argmax_rows.size())
+    return InvalidArgumentError("argmax buffer too small");
+  argmax_shares_.resize(batch.argmax_rows.size());
+  SI_RETURN_IF_ERROR(ForwardArgmaxOnHost(
+      batch, 0, vocab, argmax_scratch_, logits, argmax_shares_,
+      [&](const ForwardBatch& b, std::span<float> out) { return Forward(b, kv, out); }));
+  for (size_t i = 0; i < argmax_shares_.size(); ++i) argmax[i] = argmax_shares_[i].id;
   return Status::Ok();
 }
 

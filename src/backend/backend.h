@@ -15,6 +15,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -69,6 +71,10 @@ struct ForwardBatch {
   std::vector<int32_t> positions;      // [n] rotary positions
   std::vector<BatchSequence> seqs;     // tokens grouped per sequence, contiguous, in order
   std::vector<int32_t> logit_rows;     // indices into tokens whose logits are wanted, [m]
+  // Indices into tokens whose argmax alone is wanted, [a] (ModelRunner::ForwardArgmax): what a
+  // greedy sequence that reads no logits needs, found where the logits are (a GPU, the LLM
+  // workers) so that only token ids come back.
+  std::vector<int32_t> argmax_rows;
   // True: every token's outputs are bit-identical to computing it in any other batch (what
   // decode and tree verification need, so speculative output equals incremental output).
   // False allows faster batch-dependent kernels (BLAS); set it for batches of prompt tokens only.
@@ -82,6 +88,28 @@ struct ForwardBatch {
   Status Validate(int32_t vocab_size) const;
 };
 
+// A row's argmax over some of the vocabulary: its largest logit and that logit's token id.
+// Argmax shares of one row over disjoint column ranges combine into the whole row's:
+// the largest value, the lowest id among equals (specinfer::Argmax's rule).
+struct ArgmaxShare {
+  float value = -std::numeric_limits<float>::infinity();
+  int32_t id = -1;
+
+  void Combine(const ArgmaxShare& o) {
+    if (o.id >= 0 && (id < 0 || o.value > value || (o.value == value && o.id < id))) *this = o;
+  }
+};
+
+// The argmax shares of a batch's argmax rows over columns [col0, col0 + cols), taken on the host
+// from logits that `forward` computes ([rows, cols] for a batch's logit_rows): `forward` runs
+// `batch` with its argmax rows appended to its logit rows (scratch holds their logits), `logits`
+// receives the logit rows' and `argmax` one share per argmax row. What runners without a device
+// argmax do.
+Status ForwardArgmaxOnHost(
+    const ForwardBatch& batch, int32_t col0, int32_t cols, std::vector<float>& scratch,
+    std::span<float> logits, std::span<ArgmaxShare> argmax,
+    const std::function<Status(const ForwardBatch&, std::span<float>)>& forward);
+
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
@@ -90,9 +118,17 @@ class ModelRunner {
   virtual std::string name() const = 0;  // "cpu", "cuda:0"...
 
   // Runs the batch; writes logits for batch.logit_rows into `logits` ([m, vocab], row-major).
-  // Writes K/V of every batch token into the slots `kv` assigns.
+  // Writes K/V of every batch token into the slots `kv` assigns. A batch with argmax rows is
+  // refused (InvalidArgument): those go to ForwardArgmax.
   virtual Status Forward(const ForwardBatch& batch, const KvCacheManager& kv,
                          std::span<float> logits) = 0;
+
+  // Forward, and for batch.argmax_rows the index of each row's largest logit (the lowest among
+  // equals, as specinfer::Argmax; rows with NaN logits are not supported) into `argmax` ([a]).
+  // The default computes those rows' logits here and takes their argmax on the host; runners
+  // whose logits live elsewhere (a GPU, LLM workers) override it to bring back only the ids.
+  virtual Status ForwardArgmax(const ForwardBatch& batch, const KvCacheManager& kv,
+                               std::span<float> logits, std::span<int32_t> argmax);
 
   // Copies the K/V entries of `seq` at positions src[i] to positions dst[i] (all layers), in
   // order. Used to compact an accepted tree path into consecutive positions.
@@ -109,6 +145,10 @@ class ModelRunner {
   // its group failed); 0 for runners whose KV cannot be lost. A sequence that wrote KV under one
   // value must not continue under another (Sequence::CheckKvEpoch).
   virtual uint64_t kv_epoch() const { return 0; }
+
+ private:
+  std::vector<float> argmax_scratch_;  // the default ForwardArgmax's logits
+  std::vector<ArgmaxShare> argmax_shares_;
 };
 
 }  // namespace specinfer

@@ -149,6 +149,7 @@ int RunGenerate(const GenerateArgs& a) {
   req.sampling.top_p = a.top_p;
   req.sampling.seed = a.seed >= 0 ? static_cast<uint64_t>(a.seed) : std::random_device{}();
   req.stop_tokens = stop_tokens;
+  req.callback_logits = false;  // on_token prints text only
 
   const Tokenizer& tok = engine.tokenizer();
   Utf8StreamDecoder decoder;

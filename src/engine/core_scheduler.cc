@@ -202,7 +202,9 @@ CoreScheduler::ScheduledStep CoreScheduler::Schedule() {
   for (auto it = running_.begin(); it != running_.end();) {
     auto next = std::next(it);
     if (it->seq->phase() == Sequence::Phase::kDecode) {
-      const auto first_row = static_cast<int32_t>(batch.logit_rows.size());
+      const bool argmax = it->seq->argmax_rows();
+      const auto first_row =
+          static_cast<int32_t>(argmax ? batch.argmax_rows.size() : batch.logit_rows.size());
       const std::pair<int32_t, int32_t> c = cap_of(it->seq.get());
       auto size =
           Guarded("drafting", [&] { return it->seq->PlanDecode(batch, c.first, c.second); });
@@ -212,7 +214,7 @@ CoreScheduler::ScheduledStep CoreScheduler::Schedule() {
         tokens += *size;
         step.draft_seconds += it->seq->speculation().last_draft_seconds();
         step.members.push_back(it);
-        step.rows.push_back(LogitsRows{first_row, *size});
+        step.rows.push_back(LogitsRows{first_row, *size, argmax});
       }
     }
     it = next;

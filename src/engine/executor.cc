@@ -35,7 +35,9 @@ PassOutput Executor::Run(const ForwardBatch& batch, std::span<const LogitsRows> 
   out.status = Guarded("KV copy-on-write", [&] { return PrepareKv(batch); });
   if (out.status.ok()) out.status = Guarded("forward pass", [&] {
     logits_.resize(batch.logit_rows.size() * static_cast<size_t>(vocab));
-    return runner_.Forward(batch, kv_, logits_);
+    if (batch.argmax_rows.empty()) return runner_.Forward(batch, kv_, logits_);
+    argmax_.resize(batch.argmax_rows.size());
+    return runner_.ForwardArgmax(batch, kv_, logits_, argmax_);
   });
   out.seconds = SecondsSince(t0);
   if (!out.status.ok()) {
@@ -46,8 +48,15 @@ PassOutput Executor::Run(const ForwardBatch& batch, std::span<const LogitsRows> 
   const std::span<const float> all(logits_);
   out.rows.reserve(members.size());
   for (const LogitsRows& m : members) {
-    out.rows.push_back(all.subspan(static_cast<size_t>(m.first) * vocab,
-                                   static_cast<size_t>(m.count) * vocab));
+    PassRows r;
+    if (m.argmax) {
+      r.argmax = std::span<const int32_t>(argmax_).subspan(static_cast<size_t>(m.first),
+                                                           static_cast<size_t>(m.count));
+    } else {
+      r.logits =
+          all.subspan(static_cast<size_t>(m.first) * vocab, static_cast<size_t>(m.count) * vocab);
+    }
+    out.rows.push_back(r);
   }
   return out;
 }

@@ -1,5 +1,6 @@
 // The engine core's executor: runs one step's ForwardBatch, planned by the core scheduler
-// (engine/core_scheduler.h), on the ModelRunner and hands each member sequence its logits rows.
+// (engine/core_scheduler.h), on the ModelRunner and hands each member sequence its logits rows
+// (or, for greedy sequences that read no logits, its rows' argmax: ModelRunner::ForwardArgmax).
 //
 //   ForwardBatch + each member's rows ──Run──> ModelRunner::Forward ──> PassOutput
 //                                                                       (status, seconds,
@@ -23,17 +24,25 @@
 
 namespace specinfer {
 
-// One member sequence's logits rows in a pass: rows [first, first + count) of the batch's
-// logit_rows (count 0 for a prefill chunk, which reads none).
+// One member sequence's rows in a pass: rows [first, first + count) of the batch's logit_rows,
+// or with `argmax` of its argmax_rows (count 0 for a prefill chunk, which reads none).
 struct LogitsRows {
   int32_t first = 0;
   int32_t count = 0;
+  bool argmax = false;
+};
+
+// What a member gets from a pass: its logits rows ([count, vocab]) or its argmax rows' token ids
+// ([count]), as LogitsRows asked.
+struct PassRows {
+  std::span<const float> logits;
+  std::span<const int32_t> argmax;
 };
 
 struct PassOutput {
   Status status;       // of the pass; on an error `rows` is empty
   double seconds = 0;  // wall time of the pass
-  std::vector<std::span<const float>> rows;  // per member, in order: [count, vocab]
+  std::vector<PassRows> rows;  // per member, in order
 };
 
 class Executor {
@@ -54,7 +63,8 @@ class Executor {
 
   ModelRunner& runner_;
   KvCacheManager& kv_;
-  std::vector<float> logits_;  // [batch.logit_rows.size(), vocab] of the last pass
+  std::vector<float> logits_;    // [batch.logit_rows.size(), vocab] of the last pass
+  std::vector<int32_t> argmax_;  // [batch.argmax_rows.size()] of the last pass
 };
 
 }  // namespace specinfer

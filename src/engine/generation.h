@@ -30,6 +30,11 @@ struct GenerateRequest {
   // means incremental decoding. At most TokenTree::kMaxSpeculators.
   std::vector<Speculator*> speculators;
   TreeShape tree_shape = TreeShape::Chain(4);  // expansion configuration <k1, ..., km>
+  // Whether the token callback reads the logits rows. False lets a greedy request's passes bring
+  // back only each row's argmax (ModelRunner::ForwardArgmax: found on the GPU, or on the LLM
+  // workers, instead of [rows, vocab] floats crossing to the host); its callback then gets an
+  // empty logits span. Sampled requests always get their rows.
+  bool callback_logits = true;
 };
 
 // What speculation did for one request.
@@ -75,14 +80,14 @@ struct GenerateResult {
   GenerateStats stats;
 };
 
-// Called with each new token as soon as it is chosen, with the LLM's raw logits row it was chosen
-// from ([vocab]: before temperature, top-k and top-p; valid during the call only). Returning
-// false cancels generation.
 // Seconds elapsed since `start` on the steady clock (the timings of GenerateStats).
 inline double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// Called with each new token as soon as it is chosen, with the LLM's raw logits row it was chosen
+// from ([vocab]: before temperature, top-k and top-p; valid during the call only; empty for a
+// greedy request with callback_logits false). Returning false cancels generation.
 using TokenCallback = std::function<bool(int32_t token, std::span<const float> logits)>;
 
 }  // namespace specinfer

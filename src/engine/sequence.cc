@@ -175,17 +175,17 @@ StatusOr<int32_t> Sequence::PlanDecode(ForwardBatch& batch, int32_t depth_cap,
   }
   DraftContext ctx;
   const bool drafting = DraftContextNow(depth_cap, dynamic_nodes, &ctx);
-  SI_ASSIGN_OR_RETURN(int32_t size,
-                      step_.Plan(context_.back(), drafting ? &ctx : nullptr, committed_, batch));
+  SI_ASSIGN_OR_RETURN(int32_t size, step_.Plan(context_.back(), drafting ? &ctx : nullptr,
+                                               committed_, batch, argmax_rows()));
   ++result_.stats.forward_passes;
   ++result_.stats.decode_passes;
   return size;
 }
 
-Status Sequence::Commit(std::span<const float> logits, ModelRunner& runner) {
+Status Sequence::Commit(const PassRows& rows, ModelRunner& runner) {
   if (phase_ != Phase::kDecode) return FailedPreconditionError("sequence is not decoding");
   SI_ASSIGN_OR_RETURN(SpeculativeStep::Outcome step,
-                      step_.Verify(logits, config_.vocab_size, request_.sampling, rng_, runner));
+                      step_.Verify(rows, config_.vocab_size, request_.sampling, rng_, runner));
   committed_ = step.committed;
   for (const SpeculativeStep::Chosen& c : step.tokens) {
     result_.tokens.push_back(c.token);

@@ -97,9 +97,13 @@ class Sequence {
   int32_t decode_passes() const { return result_.stats.decode_passes; }
   // Tokens generated so far.
   int32_t generated() const { return static_cast<int32_t>(result_.tokens.size()); }
-  // After the pass that PlanDecode joined: `logits` holds this sequence's rows of it
-  // ([tree size, vocab]). Verifies, commits, emits; may finish the sequence.
-  Status Commit(std::span<const float> logits, ModelRunner& runner);
+  // After the pass that PlanDecode joined: `rows` holds this sequence's rows of it (logits
+  // [tree size, vocab], or their argmax [tree size] when argmax_rows()). Verifies, commits,
+  // emits; may finish the sequence.
+  Status Commit(const PassRows& rows, ModelRunner& runner);
+  // Whether its decode passes ask for argmax rows instead of logits rows: a greedy request whose
+  // callback reads no logits (GenerateRequest::callback_logits false).
+  bool argmax_rows() const { return request_.sampling.greedy() && !request_.callback_logits; }
   // Before planning a pass: DataLoss ("KV lost: ...") if the sequence wrote KV entries under
   // another runner kv_epoch than `current` (they are gone); a sequence with no KV yet adopts it.
   Status CheckKvEpoch(uint64_t current);

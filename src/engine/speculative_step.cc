@@ -184,7 +184,7 @@ DraftContext SpeculativeStep::SessionContext(const DraftContext& ctx, size_t s,
 }
 
 StatusOr<int32_t> SpeculativeStep::Plan(int32_t root, const DraftContext* ctx, int32_t committed,
-                                        ForwardBatch& batch) {
+                                        ForwardBatch& batch, bool argmax) {
   // --- draft ---
   const auto d0 = Clock::now();
   tree_ = TokenTree(root);
@@ -260,21 +260,30 @@ StatusOr<int32_t> SpeculativeStep::Plan(int32_t root, const DraftContext* ctx, i
   SI_RETURN_IF_ERROR(kv_.Reserve(seq_, committed_ + size));
   const int32_t token_begin = batch.size();
   batch.AddSequence(seq_, toks, pos, committed_, size > 1 ? &mask_ : nullptr);
-  // Logits in node order, which is what the verifier reads.
-  for (int32_t v = 0; v < size; ++v) batch.logit_rows.push_back(token_begin + layout_of_[v]);
+  // Rows in node order, which is what the verifier reads.
+  std::vector<int32_t>& rows = argmax ? batch.argmax_rows : batch.logit_rows;
+  for (int32_t v = 0; v < size; ++v) rows.push_back(token_begin + layout_of_[v]);
   return size;
 }
 
-StatusOr<SpeculativeStep::Outcome> SpeculativeStep::Verify(std::span<const float> logits,
-                                                           int32_t vocab,
-                                                           const SamplingParams& sampling,
-                                                           Rng& rng, ModelRunner& runner) {
+StatusOr<SpeculativeStep::Outcome> SpeculativeStep::Verify(const PassRows& rows, int32_t vocab,
+                                                           const SamplingParams& sampling, Rng& rng,
+                                                           ModelRunner& runner) {
   const auto c0 = Clock::now();
   const int32_t size = tree_.size();
-  if (logits.size() < static_cast<size_t>(size) * vocab)
-    return InternalError("pass returned fewer logits rows than the tree has nodes");
-  logits = logits.first(static_cast<size_t>(size) * vocab);
-  const VerifyOutcome verified = specinfer::Verify(tree_, logits, vocab, sampling, rng);
+  std::span<const float> logits = rows.logits;
+  VerifyOutcome verified;
+  if (!rows.argmax.empty()) {
+    if (!sampling.greedy()) return InternalError("argmax rows for a sampled sequence");
+    if (rows.argmax.size() < static_cast<size_t>(size))
+      return InternalError("pass returned fewer argmax rows than the tree has nodes");
+    verified = VerifyGreedy(tree_, rows.argmax);
+  } else {
+    if (logits.size() < static_cast<size_t>(size) * vocab)
+      return InternalError("pass returned fewer logits rows than the tree has nodes");
+    logits = logits.first(static_cast<size_t>(size) * vocab);
+    verified = specinfer::Verify(tree_, logits, vocab, sampling, rng);
+  }
 
   // --- compact: keep the root's and the accepted path's entries; drop the rest ---
   const int32_t accepted = static_cast<int32_t>(verified.accepted.size());
@@ -293,6 +302,7 @@ StatusOr<SpeculativeStep::Outcome> SpeculativeStep::Verify(std::span<const float
   // The accepted tokens, then the LLM's own. Token i was chosen from the logits of its parent:
   // the root for the first, the previous accepted node after that.
   auto row = [&](int32_t node) {
+    if (logits.empty()) return logits;  // argmax rows
     return logits.subspan(static_cast<size_t>(node) * vocab, static_cast<size_t>(vocab));
   };
   int32_t parent = 0;  // node index

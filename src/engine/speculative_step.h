@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "engine/executor.h"
 #include "engine/generation.h"
 #include "engine/spec_controller.h"
 #include "kv/kv_cache.h"
@@ -100,7 +101,8 @@ class SpeculativeStep {
                             std::span<const DraftContext> contexts);
 
   // Drafts the tree rooted at `root` (with `ctx`; null: the root alone), reserves its KV entries
-  // after the `committed` ones, and adds it to `batch` with its logits rows in node order. The
+  // after the `committed` ones, and adds it to `batch` with its logits rows in node order (its
+  // argmax rows instead with `argmax`: a greedy sequence that reads no logits). The
   // tree holds at most min(ctx->max_nodes, TreeShape::kMaxNodes) nodes past the root: the drafts
   // propose in turn, each within what the earlier ones left (static shapes) or an even share of
   // it (dynamic trees); a draft that ignores budgets is merged only where its shape's whole
@@ -109,9 +111,10 @@ class SpeculativeStep {
   // whose Propose finds no room (ResourceExhausted) proposes nothing this step; any other error
   // of a session is returned.
   StatusOr<int32_t> Plan(int32_t root, const DraftContext* ctx, int32_t committed,
-                         ForwardBatch& batch);
+                         ForwardBatch& batch, bool argmax = false);
 
-  // A token to emit and the logits row it was chosen from (a row of Verify's `logits`).
+  // A token to emit and the logits row it was chosen from (a row of Verify's `logits`; empty
+  // when the pass brought back argmax rows).
   struct Chosen {
     int32_t token;
     std::span<const float> logits;  // [vocab]
@@ -120,10 +123,12 @@ class SpeculativeStep {
     std::vector<Chosen> tokens;  // the accepted path's tokens, then the LLM's own
     int32_t committed = 0;       // committed KV entries after the step
   };
-  // After the pass: `logits` is the tree's rows ([tree size, vocab], node order). Verifies with
-  // `sampling` and `rng`, compacts the accepted path's KV entries on `runner` and drops the rest.
-  StatusOr<Outcome> Verify(std::span<const float> logits, int32_t vocab,
-                           const SamplingParams& sampling, Rng& rng, ModelRunner& runner);
+  // After the pass: `rows` holds the tree's logits rows ([tree size, vocab], node order), or
+  // its argmax rows ([tree size]) when Plan asked for those (greedy `sampling` only). Verifies
+  // with `sampling` and `rng`, compacts the accepted path's KV entries on `runner` and drops the
+  // rest.
+  StatusOr<Outcome> Verify(const PassRows& rows, int32_t vocab, const SamplingParams& sampling,
+                           Rng& rng, ModelRunner& runner);
 
  private:
   // Session s's context within `ctx`: its node budget is what the drafts before it left in

@@ -178,6 +178,7 @@ void RequestQueue::Admit(EngineCore& core) {
 
 StatusOr<GenerateRequest> RequestQueue::ToGenerateRequest(const SequenceJob& sj) {
   GenerateRequest run = sj.generate;
+  run.callback_logits = sj.top_logprobs >= 0;  // only logprobs read them (SequenceOutput)
   if (!sj.speculation.enabled) return run;
   // The request's speculators (or the ones loaded at start), and its tree (or the default).
   std::vector<std::string> names = options_.default_drafts;

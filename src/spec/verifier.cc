@@ -25,21 +25,31 @@ bool Normalise(std::vector<float>& p) {
 // A recorded draft probability x could have been drawn with.
 bool ValidDraftProbability(float qx) { return qx > 0.0f && std::isfinite(qx); }
 
-}  // namespace
-
-VerifyOutcome VerifyGreedy(const TokenTree& tree, std::span<const float> logits, int32_t vocab) {
+// The greedy walk, with `target(v)` the LLM's argmax at node v.
+template <typename Target>
+VerifyOutcome FollowArgmax(const TokenTree& tree, Target target) {
   VerifyOutcome out;
   int32_t v = 0;
   for (;;) {
-    const int32_t target = Argmax(Row(logits, vocab, v));
-    const int32_t child = tree.FindChild(v, target);
+    const int32_t t = target(v);
+    const int32_t child = tree.FindChild(v, t);
     if (child < 0) {
-      out.next_token = target;
+      out.next_token = t;
       return out;
     }
     out.accepted.push_back(child);
     v = child;
   }
+}
+
+}  // namespace
+
+VerifyOutcome VerifyGreedy(const TokenTree& tree, std::span<const float> logits, int32_t vocab) {
+  return FollowArgmax(tree, [&](int32_t v) { return Argmax(Row(logits, vocab, v)); });
+}
+
+VerifyOutcome VerifyGreedy(const TokenTree& tree, std::span<const int32_t> argmax) {
+  return FollowArgmax(tree, [&](int32_t v) { return argmax[static_cast<size_t>(v)]; });
 }
 
 VerifyOutcome VerifyStochastic(const TokenTree& tree, std::span<const float> logits,

@@ -61,6 +61,9 @@ struct VerifyOutcome {
 // `logits` is [tree.size(), vocab]: row v holds the LLM's logits after reading the sequence up
 // to and including node v.
 VerifyOutcome VerifyGreedy(const TokenTree& tree, std::span<const float> logits, int32_t vocab);
+// The same walk given only each node's argmax ([tree.size()]: what ModelRunner::ForwardArgmax
+// brings back instead of the logits rows).
+VerifyOutcome VerifyGreedy(const TokenTree& tree, std::span<const int32_t> argmax);
 
 // Multi-step speculative sampling as described above; `params` must not be greedy.
 VerifyOutcome VerifyStochastic(const TokenTree& tree, std::span<const float> logits,

@@ -209,6 +209,26 @@ TEST_F(CpuRunnerTest, BadBatchesAreRejected) {
   EXPECT_EQ(runner_->Forward(b, *kv_, logits).code(), StatusCode::kInvalidArgument);
 }
 
+// Greedy rows that read no logits ask for their argmax instead (ForwardArgmax): the ids are
+// Argmax of the same rows' logits, logits rows beside them are unchanged, and an argmax row out
+// of range or a too small id buffer is refused.
+TEST_F(CpuRunnerTest, ArgmaxRowsAreTheArgmaxOfTheirLogits) {
+  testing::ExpectArgmaxRowsMatchLogits(*runner_, *kv_, {1, 403, 407, 261, 378, 290, 301, 418, 5});
+  SeqId s = kv_->AddSequence();
+  ASSERT_TRUE(kv_->Reserve(s, 1).ok());
+  ForwardBatch b;
+  b.AddSequence(s, std::vector<int32_t>{1}, std::vector<int32_t>{0}, 0, nullptr);
+  std::vector<float> logits;
+  std::vector<int32_t> ids(2);
+  b.argmax_rows = {1};
+  EXPECT_EQ(runner_->ForwardArgmax(b, *kv_, logits, ids).code(), StatusCode::kInvalidArgument);
+  b.argmax_rows = {0, 0, 0};
+  EXPECT_EQ(runner_->ForwardArgmax(b, *kv_, logits, ids).code(), StatusCode::kInvalidArgument);
+  b.argmax_rows = {0, 0};
+  EXPECT_TRUE(runner_->ForwardArgmax(b, *kv_, logits, ids).ok());
+  EXPECT_EQ(ids[0], ids[1]);
+}
+
 // A KV manager planning blocks of another size than the runner's storage would address the
 // wrong slots: the runner refuses it (CheckForward), as the CUDA and remote runners do.
 TEST_F(CpuRunnerTest, RefusesAKvManagerWithAnotherBlockSize) {

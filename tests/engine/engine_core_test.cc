@@ -36,14 +36,16 @@ std::unique_ptr<Engine> MakeEngine(int32_t max_sequences,
 struct Outcome {
   std::optional<StatusOr<GenerateResult>> done;
   std::vector<int32_t> streamed;
+  int32_t without_logits = 0;  // tokens streamed with an empty logits row
 };
 
 // Adds `req` to `batch`, recording what it streams and how it ends into `out`.
 EngineCore::Admission AddTo(EngineCore& batch, const GenerateRequest& req, Outcome& out) {
   auto a = batch.Add(
       req,
-      [&out](int32_t t, std::span<const float>) {
+      [&out](int32_t t, std::span<const float> logits) {
         out.streamed.push_back(t);
+        out.without_logits += logits.empty() ? 1 : 0;
         return true;
       },
       [&out](StatusOr<GenerateResult> r) { out.done = std::move(r); });
@@ -55,7 +57,9 @@ EngineCore::Admission AddTo(EngineCore& batch, const GenerateRequest& req, Outco
 // at once and run with a small token budget (so prefill chunks and token trees share passes):
 // each one's tokens equal its tokens when generated alone.
 // With `budget` kAuto, only greedy sequences are compared with their run alone (see MakeEngine),
-// and the sampled ones of the mix become greedy.
+// and the sampled ones of the mix become greedy. Half the greedy sequences read no logits in the
+// batch (GenerateRequest::callback_logits false): their passes bring back argmax rows beside the
+// others' logits rows, and they must still equal their runs alone, which read logits.
 void ExpectThirtyTwoMixedSequencesEachEqualAlone(SpecBudgetMode budget) {
   const bool adaptive = budget == SpecBudgetMode::kAuto;
   auto engine = MakeEngine(32, budget);
@@ -71,7 +75,7 @@ void ExpectThirtyTwoMixedSequencesEachEqualAlone(SpecBudgetMode budget) {
     r.prompt_tokens = *engine->EncodePrompt(texts[i % texts.size()]);
     r.max_new_tokens = 5 + static_cast<int32_t>(rng() % 80);
     r.stop_tokens = engine->default_stop_tokens();
-    if (adaptive && i % 3 != 1) r.sampling.temperature = 0;
+    if ((adaptive && i % 3 != 1) || i % 3 == 0) r.sampling.temperature = 0;
     if (i % 3 == 1) {
       r.sampling.temperature = 0.9f;
       r.sampling.top_p = 0.9f;
@@ -108,8 +112,15 @@ void ExpectThirtyTwoMixedSequencesEachEqualAlone(SpecBudgetMode budget) {
   o.spec_budget = budget;
   EngineCore batch(engine->runner(), engine->kv(), o);
   std::vector<Outcome> out(reqs.size());
-  for (size_t i = 0; i < reqs.size(); ++i)
+  int32_t argmax_sequences = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    if (reqs[i].sampling.greedy() && i % 2 == 0) {
+      reqs[i].callback_logits = false;
+      ++argmax_sequences;
+    }
     ASSERT_EQ(AddTo(batch, reqs[i], out[i]), EngineCore::Admission::kAdmitted) << i;
+  }
+  EXPECT_GE(argmax_sequences, 5);
   int32_t steps = 0, peak = 0;
   while (!batch.idle() && steps < 10000) {
     peak = std::max(peak, batch.num_running());
@@ -126,6 +137,9 @@ void ExpectThirtyTwoMixedSequencesEachEqualAlone(SpecBudgetMode budget) {
     }
     EXPECT_EQ((*out[i].done)->tokens, alone[i]) << "sequence " << i;
     EXPECT_EQ(out[i].streamed, alone[i]) << "sequence " << i;
+    EXPECT_EQ(out[i].without_logits,
+              reqs[i].callback_logits ? 0 : static_cast<int32_t>(out[i].streamed.size()))
+        << "sequence " << i;
   }
   EXPECT_EQ(engine->kv().used_blocks(), 0);
   EXPECT_EQ(batch.reserved_kv_blocks(), 0);

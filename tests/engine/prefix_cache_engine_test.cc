@@ -260,7 +260,7 @@ TEST(PrefixCacheEngine, WritingIntoASharedBlockGoesToAPrivateCopy) {
   const LogitsRows rows{0, 3};
   PassOutput pass = exec.Run(batch, std::span(&rows, 1));
   ASSERT_TRUE(pass.status.ok()) << pass.status.ToString();
-  std::vector<float> got(pass.rows[0].begin(), pass.rows[0].end());
+  std::vector<float> got(pass.rows[0].logits.begin(), pass.rows[0].logits.end());
 
   // The same tokens computed from scratch, without sharing.
   std::vector<int32_t> fresh(prompt.begin(), prompt.begin() + keep);
@@ -283,7 +283,7 @@ TEST(PrefixCacheEngine, WritingIntoASharedBlockGoesToAPrivateCopy) {
   std::vector<int32_t> a_fresh = prompt;
   a_fresh.push_back(5);
   const auto a_want = testing::PromptLogits(reference->runner(), reference->kv(), a_fresh, {n});
-  EXPECT_EQ(std::memcmp(pa.rows[0].data(), a_want.data(), a_want.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(pa.rows[0].logits.data(), a_want.data(), a_want.size() * sizeof(float)), 0);
 
   // A pass that would write into the shared first block is refused.
   ForwardBatch bad;

@@ -308,6 +308,33 @@ TEST_F(HttpServerTest, SeveralChoicesStopStringsAndLogprobs) {
   EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], j["choices"][3]["text"]);
 }
 
+// A greedy request without logprobs brings back only its rows' argmax from the engine; with
+// logprobs it needs its logits rows: both give the same text, and the logprobs are those of the
+// chosen tokens (the largest of each top-2, as greedy picks the argmax).
+TEST_F(HttpServerTest, GreedyLogprobsStillComeWithTheirLogits) {
+  json req = {{"prompt", "Once upon a time"}, {"max_tokens", 30}, {"temperature", 0}};
+  SseReply plain = Post("/v1/completions", req);
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  req["logprobs"] = 2;
+  SseReply with = Post("/v1/completions", req);
+  ASSERT_EQ(with.status, 200) << with.body;
+  const json p = json::parse(plain.body)["choices"][0], w = json::parse(with.body)["choices"][0];
+  EXPECT_EQ(w["text"], p["text"]);
+  EXPECT_TRUE(p["logprobs"].is_null()) << p;
+  const json& lp = w["logprobs"];
+  ASSERT_TRUE(lp.is_object()) << w;
+  const size_t n = lp["token_logprobs"].size();
+  EXPECT_GE(n, 5u);
+  EXPECT_EQ(n, json::parse(with.body)["usage"]["completion_tokens"].get<size_t>());
+  for (size_t i = 0; i < n; ++i) {
+    const double chosen = lp["token_logprobs"][i].get<double>();
+    EXPECT_LE(chosen, 0.0);
+    EXPECT_GT(chosen, -50.0);
+    for (const auto& [token, logprob] : lp["top_logprobs"][i].items())
+      EXPECT_LE(logprob.get<double>(), chosen + 1e-6) << "token " << i << " " << token;
+  }
+}
+
 // Every bad request gets its 4xx with an OpenAI error object, and the daemon keeps serving.
 TEST_F(HttpServerTest, BadRequestsGetOpenAiErrors) {
   struct Case {

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <random>
 
 #include "spec/dynamic_tree.h"
 #include "spec/speculator.h"
@@ -442,6 +443,32 @@ TEST(VerifyGreedy, FollowsTheArgmaxAndAppendsTheLlmsOwnToken) {
   o = VerifyGreedy(t, logits, kVocab);
   EXPECT_TRUE(o.accepted.empty());
   EXPECT_EQ(o.next_token, 5);
+}
+
+// The walk given only each node's argmax (what ForwardArgmax brings back) is the logits walk.
+TEST(VerifyGreedy, FromArgmaxIdsEqualsFromLogits) {
+  std::mt19937 gen(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    // A random tree of up to 12 nodes over tokens 0..3 (so that argmaxes often hit children).
+    TokenTree t(0);
+    const int32_t size = 1 + static_cast<int32_t>(gen() % 12);
+    while (t.size() < size) {
+      const auto parent = static_cast<int32_t>(gen() % static_cast<uint32_t>(t.size()));
+      t.Propose(parent, static_cast<int32_t>(gen() % 4), 0);
+    }
+    std::vector<float> logits(static_cast<size_t>(t.size()) * kVocab);
+    std::vector<int32_t> ids;
+    for (int32_t v = 0; v < t.size(); ++v) {
+      for (int32_t x = 0; x < kVocab; ++x)
+        logits[static_cast<size_t>(v) * kVocab + x] = static_cast<float>(gen() % 5);  // ties
+      ids.push_back(
+          Argmax(std::span<const float>(logits).subspan(static_cast<size_t>(v) * kVocab, kVocab)));
+    }
+    const VerifyOutcome want = VerifyGreedy(t, logits, kVocab);
+    const VerifyOutcome got = VerifyGreedy(t, std::span<const int32_t>(ids));
+    EXPECT_EQ(got.accepted, want.accepted) << "trial " << trial;
+    EXPECT_EQ(got.next_token, want.next_token) << "trial " << trial;
+  }
 }
 
 TEST(VerifyStochastic, ALeafOrAnEmptyTreeSamplesFromTheLlm) {
