@@ -31,8 +31,10 @@ struct MaxF {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
-// Lowest index of the maximum: packs nothing, reduces value then index.
-__device__ int32_t BlockArgmax(const float* row, int32_t vocab, float* fscratch, int* iscratch) {
+// Lowest index of the maximum: packs nothing, reduces value then index. `max_out`, if given,
+// receives the maximum.
+__device__ int32_t BlockArgmax(const float* row, int32_t vocab, float* fscratch, int* iscratch,
+                               float* max_out = nullptr) {
   float best = -INFINITY;
   int best_i = INT_MAX;
   for (int32_t i = threadIdx.x; i < vocab; i += blockDim.x)
@@ -43,15 +45,21 @@ __device__ int32_t BlockArgmax(const float* row, int32_t vocab, float* fscratch,
     __device__ int operator()(int a, int b) const { return a < b ? a : b; }
   };
   const int idx = BlockReduce(cand, MinI(), iscratch);
+  if (max_out) *max_out = mx;
   return idx == INT_MAX ? 0 : idx;
 }
 
 __global__ void __launch_bounds__(kThreads)
-    ArgmaxKernel(const float* __restrict__ logits, int32_t vocab, int32_t* out) {
+    ArgmaxKernel(const float* __restrict__ logits, int32_t vocab, int32_t* out, float* values) {
   __shared__ float fs[kWarpsPerBlock];
   __shared__ int is[kWarpsPerBlock];
-  const int32_t a = BlockArgmax(logits + static_cast<int64_t>(blockIdx.x) * vocab, vocab, fs, is);
-  if (threadIdx.x == 0) out[blockIdx.x] = a;
+  float mx;
+  const int32_t a =
+      BlockArgmax(logits + static_cast<int64_t>(blockIdx.x) * vocab, vocab, fs, is, &mx);
+  if (threadIdx.x == 0) {
+    out[blockIdx.x] = a;
+    if (values) values[blockIdx.x] = mx;
+  }
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -203,9 +211,9 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 cudaError_t LaunchArgmax(const float* logits, int32_t rows, int32_t vocab, int32_t* out,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, float* values) {
   if (rows <= 0 || vocab <= 0) return cudaErrorInvalidValue;
-  SPECINFER_LAUNCH(rows, kThreads, 0, stream, ArgmaxKernel)(logits, vocab, out);
+  SPECINFER_LAUNCH(rows, kThreads, 0, stream, ArgmaxKernel)(logits, vocab, out, values);
   return cudaGetLastError();
 }
 

@@ -1,7 +1,7 @@
 // Logits post-processing on the GPU: greedy argmax and the sampling distribution.
 //
 // Argmax: out[r] = index of the largest logits[r, :] (the lowest index among equals), as
-//   specinfer::Argmax (NaNs are not supported).
+//   specinfer::Argmax (NaNs are not supported); values[r], if values is not null, that logit.
 // SamplingProbs: probs[r, :] = the distribution specinfer::ComputeProbs (sampling/sampler.h)
 //   samples from: softmax of logits / temperature, then the top_k most likely tokens (ties by
 //   lower index), then the smallest prefix by descending probability whose mass reaches top_p of
@@ -29,7 +29,7 @@ struct SamplingConfig {
 };
 
 cudaError_t LaunchArgmax(const float* logits, int32_t rows, int32_t vocab, int32_t* out,
-                         cudaStream_t stream);
+                         cudaStream_t stream, float* values = nullptr);
 cudaError_t LaunchSamplingProbs(const float* logits, int32_t rows, int32_t vocab,
                                 SamplingConfig config, float* probs, cudaStream_t stream);
 

@@ -217,6 +217,17 @@ TEST(CudaRunner, OversizedBatchRunsInPieces) {
   EXPECT_ALL_CLOSE(out[1], out[0], 0.0, 0.0, "pieces of 7 tokens vs one pass");
 }
 
+// Argmax rows (ForwardArgmax) found on the GPU: the Argmax of the same rows' logits, beside
+// logits rows; 141 argmax rows run in two classifier chunks of at most 128.
+TEST(CudaRunner, ArgmaxRowsAreFoundOnTheGpu) {
+  auto model = Stories();
+  ASSERT_TRUE(model);
+  auto gpu = MakeCuda(model, 64);
+  ASSERT_TRUE(gpu);
+  KvCacheManager kv(64, 16);
+  testing::ExpectArgmaxRowsMatchLogits(*gpu, kv, SomeTokens(140, model->config().vocab_size, 9));
+}
+
 std::unique_ptr<Engine> StoriesEngine(const std::string& backend) {
   cuda::RegisterCudaBackend();
   EngineOptions o;
@@ -274,9 +285,12 @@ TEST(CudaRunner, SpeculativeGenerationEqualsIncrementalOnGpu) {
         ASSERT_TRUE(s.ok()) << s.status().ToString();
         sreq.speculators.push_back(*s);
       }
+      // Every other case reads no logits: its trees' argmax is found on the GPU.
+      sreq.callback_logits = (&c - cases) % 2 == 0;
       auto r = gpu->Generate(sreq);
       ASSERT_TRUE(r.ok()) << r.status().ToString();
-      EXPECT_EQ(r->tokens, base->tokens) << "prompt '" << prompt << "', tree " << c.shape;
+      EXPECT_EQ(r->tokens, base->tokens) << "prompt '" << prompt << "', tree " << c.shape
+                                         << (sreq.callback_logits ? "" : ", argmax rows");
       EXPECT_LE(r->stats.decode_passes, base->stats.decode_passes);
     }
   }

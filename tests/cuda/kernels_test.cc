@@ -548,6 +548,15 @@ TEST(CudaSampling, ArgmaxTakesTheLowestIndexAmongEquals) {
     DeviceArray<int32_t> out(rows);
     CUDA_OK(kernels::LaunchArgmax(dl.get(), rows, vocab, out.get(), nullptr));
     EXPECT_EQ(out.Download(), want) << "vocab " << vocab;
+    // With the maximum too (what a tensor-parallel share sends, to combine with its peers').
+    DeviceArray<int32_t> out2(rows);
+    DeviceArray<float> values(rows);
+    CUDA_OK(kernels::LaunchArgmax(dl.get(), rows, vocab, out2.get(), nullptr, values.get()));
+    EXPECT_EQ(out2.Download(), want) << "vocab " << vocab;
+    const std::vector<float> got_values = values.Download();
+    for (int32_t r = 0; r < rows; ++r)
+      EXPECT_EQ(got_values[r], logits[static_cast<size_t>(r) * vocab + want[r]])
+          << "vocab " << vocab << " row " << r;
   }
 }
 

@@ -23,6 +23,7 @@
 #include "random_fill.cuh"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
+#include "sampling.cuh"
 #include "tree_attention.cuh"
 
 namespace specinfer::cuda {
@@ -149,6 +150,8 @@ struct CudaModelRunner::Impl {
   int32_t logit_chunk = 0;
   float *x = nullptr, *xb = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *att = nullptr;
   float *gate = nullptr, *up = nullptr, *fin = nullptr, *logits = nullptr;
+  int32_t* argmax_ids = nullptr;  // [L] argmax of a chunk of argmax rows, and the maxima
+  float* argmax_values = nullptr;
   void* q_kv = nullptr;   // q in the KV type, [N, q_dim] (16-bit caches)
   void* x16 = nullptr;    // activations in fp16/bf16 for cuBLAS, [N, max in-features]
   __half* w16 = nullptr;  // a dequantised weight matrix for cuBLAS
@@ -198,7 +201,7 @@ struct CudaModelRunner::Impl {
     return s;
   }
   Status Run(const ForwardBatch& batch, std::span<const std::span<const int32_t>> tables,
-             std::span<float> logits);
+             std::span<float> logits, std::span<ArgmaxShare> argmax);
   Status SetGroup(std::shared_ptr<DeviceCollective> c) {
     if (c) {
       const CollectiveLayout& g = c->layout();
@@ -216,7 +219,8 @@ struct CudaModelRunner::Impl {
   Status Matmul(const DeviceMatrix& w, const float* xin, int32_t n, float* y, float beta,
                 bool use_cublas);
   Status RunPiece(const ForwardBatch& batch, std::span<const std::span<const int32_t>> tables,
-                  int32_t g0, int32_t g1, std::span<float> logits_out);
+                  int32_t g0, int32_t g1, std::span<float> logits_out,
+                  std::span<ArgmaxShare> argmax_out);
 };
 
 namespace {
@@ -425,6 +429,8 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   const int64_t up_off = wsa.Add(4 * n * hidden_local);
   const int64_t fin_off = wsa.Add(4 * int64_t{logit_chunk} * dim);
   const int64_t logits_off = wsa.Add(4 * int64_t{logit_chunk} * vocab_range.count);
+  const int64_t amax_id_off = wsa.Add(4 * int64_t{logit_chunk});
+  const int64_t amax_val_off = wsa.Add(4 * int64_t{logit_chunk});
   const int64_t qkv_off = kv_elem_bytes == 2 ? wsa.Add(2 * n * q_local) : -1;
   const bool tp = layout.tp_size > 1;
   const int64_t att_full_off = tp ? wsa.Add(4 * n * q_dim) : -1;
@@ -540,6 +546,8 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   up = f(up_off);
   fin = f(fin_off);
   logits = f(logits_off);
+  argmax_ids = reinterpret_cast<int32_t*>(f(amax_id_off));
+  argmax_values = f(amax_val_off);
   q_kv = qkv_off >= 0 ? ws + qkv_off : nullptr;
   x16 = x16_off >= 0 ? ws + x16_off : nullptr;
   w16 = w16_off >= 0 ? reinterpret_cast<__half*>(ws + w16_off) : nullptr;
@@ -554,8 +562,8 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   // Metadata for a typical pass; grows if a pass needs more.
   SI_RETURN_IF_ERROR(meta.Reserve(int64_t{64} << 10, "pass metadata"));
   SI_RETURN_IF_ERROR(meta_host.Reserve(int64_t{64} << 10, "pass metadata"));
-  SI_RETURN_IF_ERROR(
-      logits_host.Reserve(4 * int64_t{logit_chunk} * vocab_range.count, "logits staging"));
+  SI_RETURN_IF_ERROR(logits_host.Reserve(
+      4 * int64_t{logit_chunk} * std::max<int64_t>(vocab_range.count, 2), "logits staging"));
   return CudaStatus(cudaStreamSynchronize(stream), "model upload");
 }
 
@@ -617,9 +625,17 @@ int64_t Append(std::vector<uint8_t>& blob, const T* data, size_t count) {
 struct PieceOps {
   using Impl = CudaModelRunner::Impl;
   PieceOps(Impl& impl, const ForwardBatch& b, int32_t n, const std::vector<int32_t>& local,
-           const std::vector<int32_t>& index, std::span<float> out)
-      : im(impl), c(impl.config()), batch(b), np(n), logit_local(local), logit_index(index),
-        logits_out(out) {
+           const std::vector<int32_t>& index, std::span<float> out,
+           const std::vector<int32_t>& a_index, std::span<ArgmaxShare> a_out)
+      : im(impl),
+        c(impl.config()),
+        batch(b),
+        np(n),
+        logit_local(local),
+        logit_index(index),
+        logits_out(out),
+        argmax_index(a_index),
+        argmax_out(a_out) {
     use_cublas = !batch.batch_invariant && im.opt.cublas_min_tokens > 0 &&
                  np >= im.opt.cublas_min_tokens;
     rope_mode = c.rope_style == RopeStyle::kInterleaved ? kernels::RopeMode::kInterleaved
@@ -724,20 +740,45 @@ struct PieceOps {
                  "residual add");
   }
   // Final norm and classifier for the wanted rows (this rank's vocabulary rows), logit_chunk rows
-  // at a time; before the last stage, x goes on to the next one instead.
+  // at a time: the logits rows' come back; the argmax rows' (d_lrows after the logits rows')
+  // stay on the GPU, which finds their argmax and sends only it. Before the last stage, x goes
+  // on to the next one instead.
   Status Output() {
     if (im.layout.stage + 1 < im.layout.num_stages)
       return im.group->SendToNextStage(im.x, static_cast<size_t>(np) * c.dim, im.stream);
     const int64_t vocab = im.vocab_range.count;
     const size_t chunk = static_cast<size_t>(im.logit_chunk);
-    for (size_t r0 = 0; r0 < logit_local.size(); r0 += chunk) {
-      const int32_t m = static_cast<int32_t>(std::min(chunk, logit_local.size() - r0));
+    const size_t num_logits = logit_local.size();
+    const size_t total = num_logits + argmax_index.size();
+    for (size_t r0 = 0, r1 = 0; r0 < total; r0 = r1) {
+      // A chunk holds logits rows or argmax rows, not both.
+      r1 = std::min(r0 + chunk, r0 < num_logits ? num_logits : total);
+      const int32_t m = static_cast<int32_t>(r1 - r0);
       SI_RETURN_IF_ERROR(Check(kernels::LaunchRmsNormRows(im.x, d_lrows + r0, im.final_norm, im.fin,
                                                           m, static_cast<int>(c.dim), c.norm_eps,
                                                           im.stream),
                                "final norm"));
       SI_RETURN_IF_ERROR(im.Matmul(im.output, im.fin, m, im.logits, 0.0f,
                                    use_cublas && m >= im.opt.cublas_min_tokens));
+      if (r0 >= num_logits) {
+        SI_RETURN_IF_ERROR(Check(kernels::LaunchArgmax(im.logits, m, static_cast<int32_t>(vocab),
+                                                       im.argmax_ids, im.stream, im.argmax_values),
+                                 "argmax"));
+        int32_t* ids = im.logits_host.get<int32_t>();
+        float* values = im.logits_host.get<float>() + m;
+        SI_RETURN_IF_ERROR(Check(cudaMemcpyAsync(ids, im.argmax_ids, static_cast<size_t>(m) * 4,
+                                                 cudaMemcpyDeviceToHost, im.stream),
+                                 "argmax download"));
+        SI_RETURN_IF_ERROR(
+            Check(cudaMemcpyAsync(values, im.argmax_values, static_cast<size_t>(m) * 4,
+                                  cudaMemcpyDeviceToHost, im.stream),
+                  "argmax download"));
+        SI_RETURN_IF_ERROR(im.Wait("forward pass"));
+        for (int32_t i = 0; i < m; ++i)
+          argmax_out[static_cast<size_t>(argmax_index[r0 - num_logits + i])] =
+              ArgmaxShare{values[i], static_cast<int32_t>(im.vocab_range.begin) + ids[i]};
+        continue;
+      }
       SI_RETURN_IF_ERROR(
           Check(cudaMemcpyAsync(im.logits_host.get(), im.logits, static_cast<size_t>(m * vocab) * 4,
                                 cudaMemcpyDeviceToHost, im.stream),
@@ -760,6 +801,8 @@ struct PieceOps {
   const std::vector<int32_t>& logit_local;  // rows of this piece whose logits are wanted
   const std::vector<int32_t>& logit_index;  // their index in batch.logit_rows
   const std::span<float> logits_out;
+  const std::vector<int32_t>& argmax_index;  // this piece's argmax rows' index in argmax_rows
+  const std::span<ArgmaxShare> argmax_out;
   bool use_cublas = false;
   kernels::RopeMode rope_mode = kernels::RopeMode::kHalf;
   // Device metadata of the piece: tokens, positions, KV slots [np], logit rows.
@@ -793,7 +836,8 @@ Status CudaModelRunner::Impl::Gather(const float* local, int32_t n,
 
 Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
                                        std::span<const std::span<const int32_t>> tables_in,
-                                       int32_t g0, int32_t g1, std::span<float> logits_out) {
+                                       int32_t g0, int32_t g1, std::span<float> logits_out,
+                                       std::span<ArgmaxShare> argmax_out) {
   const ModelConfig& c = config();
   const int32_t np = g1 - g0;
   const int32_t bs = opt.kv_block_size;
@@ -846,13 +890,22 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
   po.rows_per_item = kernels::TreeAttentionRowsPerItem(kv_type, c.head_dim);
   SI_ASSIGN_OR_RETURN(TreeAttentionPlan ap, PlanTreeAttention(reqs, po));
 
-  // Rows whose logits are wanted in this piece: (local row, index in batch.logit_rows).
-  std::vector<int32_t> logit_local, logit_index;
+  // Rows whose logits are wanted in this piece: (local row, index in batch.logit_rows); then
+  // its argmax rows (local row after them, index in batch.argmax_rows).
+  std::vector<int32_t> logit_local, logit_index, argmax_index;
   for (size_t i = 0; i < batch.logit_rows.size(); ++i) {
     const int32_t r = batch.logit_rows[i];
     if (r >= g0 && r < g1) {
       logit_local.push_back(r - g0);
       logit_index.push_back(static_cast<int32_t>(i));
+    }
+  }
+  std::vector<int32_t> lrows = logit_local;
+  for (size_t i = 0; i < batch.argmax_rows.size(); ++i) {
+    const int32_t r = batch.argmax_rows[i];
+    if (r >= g0 && r < g1) {
+      lrows.push_back(r - g0);
+      argmax_index.push_back(static_cast<int32_t>(i));
     }
   }
 
@@ -865,7 +918,7 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
   const int64_t req_off = Append(blob, reqs.data(), reqs.size());
   const int64_t work_off = Append(blob, ap.work.data(), ap.work.size());
   const int64_t treq_off = Append(blob, ap.token_request.data(), ap.token_request.size());
-  const int64_t lrow_off = Append(blob, logit_local.data(), logit_local.size());
+  const int64_t lrow_off = Append(blob, lrows.data(), lrows.size());
   const int64_t bytes = static_cast<int64_t>(blob.size());
   SI_RETURN_IF_ERROR(meta_host.Reserve(bytes, "pass metadata"));
   SI_RETURN_IF_ERROR(meta.Reserve(bytes, "pass metadata"));
@@ -875,7 +928,7 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
       "metadata upload"));
   uint8_t* md = meta.get<uint8_t>();
 
-  PieceOps ops(*this, batch, np, logit_local, logit_index, logits_out);
+  PieceOps ops(*this, batch, np, logit_local, logit_index, logits_out, argmax_index, argmax_out);
   ops.d_tokens = reinterpret_cast<const int32_t*>(md + tok_off);
   ops.d_pos = reinterpret_cast<const int32_t*>(md + pos_off);
   ops.d_slots = reinterpret_cast<const int64_t*>(md + slot_off);
@@ -942,18 +995,20 @@ Status CudaModelRunner::Synchronize() {
 
 Status CudaModelRunner::Impl::Run(const ForwardBatch& batch,
                                   std::span<const std::span<const int32_t>> tables,
-                                  std::span<float> logits) {
+                                  std::span<float> logits, std::span<ArgmaxShare> argmax) {
   if (sharded() && group == nullptr)
     return FailedPreconditionError("this share of the model is not in a group");
   if (sharded() && layout.stage + 1 == layout.num_stages &&
       logits.size() < batch.logit_rows.size() * static_cast<size_t>(vocab_range.count))
     return InvalidArgumentError("logits buffer too small for this share's columns");
+  if (layout.stage + 1 == layout.num_stages && argmax.size() < batch.argmax_rows.size())
+    return InvalidArgumentError("argmax buffer too small");
   const int32_t n = batch.size();
   if (n == 0) return Status::Ok();
   SI_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(opt.device), "cudaSetDevice"));
   for (int32_t g0 = 0; g0 < n; g0 += opt.max_batch_tokens) {
     const int32_t g1 = std::min(n, g0 + opt.max_batch_tokens);
-    Status s = RunPiece(batch, tables, g0, g1, logits);
+    Status s = RunPiece(batch, tables, g0, g1, logits, argmax);
     if (!s.ok()) {
       cudaStreamSynchronize(stream);  // leave nothing running on a failed pass
       return s;
@@ -972,12 +1027,29 @@ Status CudaModelRunner::Forward(const ForwardBatch& batch, const KvCacheManager&
   std::vector<std::span<const int32_t>> tables;
   tables.reserve(batch.seqs.size());
   for (const BatchSequence& s : batch.seqs) tables.push_back(kv.BlockTable(s.seq));
-  return im.Fail(im.Run(batch, tables, logits));
+  return im.Fail(im.Run(batch, tables, logits, {}));
+}
+
+Status CudaModelRunner::ForwardArgmax(const ForwardBatch& batch, const KvCacheManager& kv,
+                                      std::span<float> logits, std::span<int32_t> argmax) {
+  Impl& im = *impl_;
+  if (im.sharded())
+    return im.Fail(FailedPreconditionError(
+        "ForwardArgmax on a share of the model: its argmax is ForwardWithTables' share"));
+  const ForwardLimits limits{im.config().vocab_size, im.opt.num_kv_blocks, im.opt.kv_block_size};
+  SI_RETURN_IF_ERROR(CheckForward(batch, kv, limits, logits.size(), argmax.size()));
+  std::vector<std::span<const int32_t>> tables;
+  tables.reserve(batch.seqs.size());
+  for (const BatchSequence& s : batch.seqs) tables.push_back(kv.BlockTable(s.seq));
+  std::vector<ArgmaxShare> shares(batch.argmax_rows.size());
+  SI_RETURN_IF_ERROR(im.Run(batch, tables, logits, shares));
+  for (size_t i = 0; i < shares.size(); ++i) argmax[i] = shares[i].id;
+  return Status::Ok();
 }
 
 Status CudaModelRunner::ForwardWithTables(const ForwardBatch& batch,
                                           std::span<const std::span<const int32_t>> tables,
-                                          std::span<float> logits) {
+                                          std::span<float> logits, std::span<ArgmaxShare> argmax) {
   Impl& im = *impl_;
   const ForwardLimits limits{im.config().vocab_size, im.opt.num_kv_blocks, im.opt.kv_block_size};
   Status s = batch.Validate(im.config().vocab_size);
@@ -990,7 +1062,7 @@ Status CudaModelRunner::ForwardWithTables(const ForwardBatch& batch,
       logits.size() < batch.logit_rows.size() * static_cast<size_t>(im.config().vocab_size))
     s = InvalidArgumentError("logits buffer too small");
   SI_RETURN_IF_ERROR(im.Fail(s));
-  return im.Fail(im.Run(batch, tables, logits));
+  return im.Fail(im.Run(batch, tables, logits, argmax));
 }
 
 const CollectiveLayout& CudaModelRunner::layout() const { return impl_->layout; }

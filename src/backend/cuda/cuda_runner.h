@@ -34,9 +34,11 @@
 //     logits are bit-identical to the whole-model runner's columns; a 1 x 1 layout runs exactly the
 //     whole-model pass (no extra copies or launches). All ranks must use the same max_batch_tokens
 //     (pieces line up).
+//   - greedy rows' argmax on the device (ForwardArgmax: ForwardBatch::argmax_rows): the
+//     classifier's output stays on the GPU and only token ids come back.
 // Not done: CUDA graphs (a pass is a few dozen launches per layer on one stream),
-// Q5_0/Q5_1, sampling on the device inside Forward (logits are copied back; the
-// device sampling kernels are in kernels/sampling.cuh).
+// Q5_0/Q5_1, sampled rows' distributions on the device (logits rows are copied back; the
+// device sampling kernel is in kernels/sampling.cuh).
 // Numerics against the CPU backend (float32 weights and KV): products and attention differ only
 // in summation order (relative differences ~1e-6 on logits), RoPE tables are the CPU's. Within
 // the GPU, batch-invariant passes are bit-exact: a token's logits do not depend on its batch, and
@@ -115,13 +117,20 @@ class CudaModelRunner final : public ModelRunner {
   // touched. A failed pass aborts the group (its peers' passes fail instead of waiting).
   Status Forward(const ForwardBatch& batch, const KvCacheManager& kv,
                  std::span<float> logits) override;
+  // The argmax rows' ids are found on the GPU (kernels/sampling.cuh), after the classifier: only
+  // they cross to the host, not [argmax_rows, vocab] floats. A share (TP > 1) refuses it: its
+  // rows' argmax over its columns alone is ForwardWithTables' ArgmaxShare.
+  Status ForwardArgmax(const ForwardBatch& batch, const KvCacheManager& kv, std::span<float> logits,
+                       std::span<int32_t> argmax) override;
   Status MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,
                 std::span<const int32_t> dst) override;
   // The same, with the block tables given directly (an LLM worker, which gets them with every
-  // batch): tables[i] is that of batch.seqs[i]; they are checked against the KV storage.
+  // batch): tables[i] is that of batch.seqs[i]; they are checked against the KV storage. On the
+  // last stage `argmax` ([argmax_rows]) receives each argmax row's largest logit over this
+  // rank's columns and its (model-wide) token id, for the group's ranks' shares to combine.
   Status ForwardWithTables(const ForwardBatch& batch,
                            std::span<const std::span<const int32_t>> tables,
-                           std::span<float> logits);
+                           std::span<float> logits, std::span<ArgmaxShare> argmax = {});
   Status MoveKvWithTable(std::span<const int32_t> table, std::span<const int32_t> src,
                          std::span<const int32_t> dst);
 
