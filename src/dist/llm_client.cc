@@ -326,11 +326,21 @@ Status RemoteLlmRunner::CheckKvEpochs(const ForwardBatch& batch, const KvCacheMa
 
 Status RemoteLlmRunner::Forward(const ForwardBatch& batch, const KvCacheManager& kv,
                                 std::span<float> logits) {
+  return Pass(batch, kv, logits, {});
+}
+
+Status RemoteLlmRunner::ForwardArgmax(const ForwardBatch& batch, const KvCacheManager& kv,
+                                      std::span<float> logits, std::span<int32_t> argmax) {
+  return Pass(batch, kv, logits, argmax);
+}
+
+Status RemoteLlmRunner::Pass(const ForwardBatch& batch, const KvCacheManager& kv,
+                             std::span<float> logits, std::span<int32_t> argmax) {
   const ModelConfig& c = model_->config();
   std::lock_guard lock(mu_);
-  SI_RETURN_IF_ERROR(
-      CheckForward(batch, kv, ForwardLimits{c.vocab_size, kv_blocks_, kv_block_size_},
-                   logits.size()));
+  SI_RETURN_IF_ERROR(CheckForward(batch, kv,
+                                  ForwardLimits{c.vocab_size, kv_blocks_, kv_block_size_},
+                                  logits.size(), argmax.size()));
   if (batch.size() == 0) return Status::Ok();
   const size_t m = batch.logit_rows.size();
   if (broken_) {
@@ -345,6 +355,7 @@ Status RemoteLlmRunner::Forward(const ForwardBatch& batch, const KvCacheManager&
   req.mutable_tokens()->Add(batch.tokens.begin(), batch.tokens.end());
   req.mutable_positions()->Add(batch.positions.begin(), batch.positions.end());
   req.mutable_logit_rows()->Add(batch.logit_rows.begin(), batch.logit_rows.end());
+  req.mutable_argmax_rows()->Add(batch.argmax_rows.begin(), batch.argmax_rows.end());
   req.set_batch_invariant(batch.batch_invariant);
   req.set_kv_block_size(kv_block_size_);
   for (const BatchSequence& s : batch.seqs) {
@@ -393,8 +404,10 @@ Status RemoteLlmRunner::Forward(const ForwardBatch& batch, const KvCacheManager&
     }
   }
 
-  // Assemble the logits columns of the last stage's TP ranks.
+  // Assemble the logits columns of the last stage's TP ranks, and combine their argmax shares.
   const int32_t vocab = c.vocab_size;
+  const size_t a = batch.argmax_rows.size();
+  argmax_shares_.assign(a, ArgmaxShare{});
   double compute = 0, collective = 0;
   for (size_t i = 0; i < workers_.size(); ++i) {
     const pb::LlmForwardResponse& r = resps[i];
@@ -409,11 +422,25 @@ Status RemoteLlmRunner::Forward(const ForwardBatch& batch, const KvCacheManager&
       MarkBroken();
       return InternalError(workers_[i]->Name() + " answered logits of the wrong shape");
     }
+    if (r.argmax_ids_size() != static_cast<int>(a) ||
+        r.argmax_values_size() != static_cast<int>(a)) {
+      MarkBroken();
+      return InternalError(workers_[i]->Name() + " answered the wrong number of argmax rows");
+    }
     const char* src = r.logits().data();
     for (size_t row = 0; row < m; ++row)
       std::memcpy(&logits[row * vocab + want.begin], src + row * want.count * sizeof(float),
                   want.count * sizeof(float));
+    for (size_t row = 0; row < a; ++row) {
+      const int32_t id = r.argmax_ids(static_cast<int>(row));
+      if (id < want.begin || id >= want.end()) {
+        MarkBroken();
+        return InternalError(workers_[i]->Name() + " answered an argmax outside its columns");
+      }
+      argmax_shares_[row].Combine(ArgmaxShare{r.argmax_values(static_cast<int>(row)), id});
+    }
   }
+  for (size_t row = 0; row < a; ++row) argmax[row] = argmax_shares_[row].id;
   ++traffic_.passes;
   traffic_.request_bytes += static_cast<int64_t>(req.ByteSizeLong() * workers_.size());
   traffic_.worker_compute_seconds += compute;

@@ -72,6 +72,10 @@ class RemoteLlmRunner final : public ModelRunner {
   std::string name() const override;  // "llm-group tp=2 pp=2"
   Status Forward(const ForwardBatch& batch, const KvCacheManager& kv,
                  std::span<float> logits) override;
+  // The last stage's workers find the argmax rows' argmax over their columns (on their device):
+  // one id and one value per row and rank cross the network instead of the rows' logits.
+  Status ForwardArgmax(const ForwardBatch& batch, const KvCacheManager& kv, std::span<float> logits,
+                       std::span<int32_t> argmax) override;
   Status MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,
                 std::span<const int32_t> dst) override;
   int32_t num_kv_blocks() const override { return kv_blocks_; }
@@ -103,6 +107,8 @@ class RemoteLlmRunner final : public ModelRunner {
  private:
   RemoteLlmRunner(const LlmGroupOptions& options, std::shared_ptr<const Model> model,
                   uint64_t fingerprint);
+  Status Pass(const ForwardBatch& batch, const KvCacheManager& kv, std::span<float> logits,
+              std::span<int32_t> argmax);
   Status RegisterAll(bool first);  // requires mu_
   Status Reform();                 // requires mu_
   Status CheckKvEpochs(const ForwardBatch& batch, const KvCacheManager& kv);  // requires mu_
@@ -129,6 +135,7 @@ class RemoteLlmRunner final : public ModelRunner {
   // blocks other sequences wrote, and a block may be in several block tables at once.
   std::vector<uint64_t> block_epoch_;
   Traffic traffic_;
+  std::vector<ArgmaxShare> argmax_shares_;  // per pass: the ranks' argmax shares, combined
 };
 
 }  // namespace specinfer

@@ -39,6 +39,7 @@ Status ParseForwardRequest(const pb::LlmForwardRequest& req, const LlmWireLimits
     return InvalidArgumentError("positions and tokens differ in length");
   if (req.seqs_size() > n) return InvalidArgumentError("more sequences than tokens");
   if (req.logit_rows_size() > n) return InvalidArgumentError("more logits rows than tokens");
+  if (req.argmax_rows_size() > n) return InvalidArgumentError("more argmax rows than tokens");
   if (limits.last_stage &&
       int64_t{req.logit_rows_size()} * limits.logits_vocab * 4 > kMaxLogitsBytes)
     return InvalidArgumentError("logits of " + std::to_string(req.logit_rows_size()) +
@@ -49,6 +50,7 @@ Status ParseForwardRequest(const pb::LlmForwardRequest& req, const LlmWireLimits
   batch.tokens.assign(req.tokens().begin(), req.tokens().end());
   batch.positions.assign(req.positions().begin(), req.positions().end());
   batch.logit_rows.assign(req.logit_rows().begin(), req.logit_rows().end());
+  batch.argmax_rows.assign(req.argmax_rows().begin(), req.argmax_rows().end());
   batch.batch_invariant = req.batch_invariant();
   masks.reserve(req.seqs_size());  // stable addresses for BatchSequence::mask
   for (int i = 0; i < req.seqs_size(); ++i) {

@@ -180,8 +180,12 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
     SI_RETURN_GRPC(CheckEpoch(req->epoch()));
     const auto t0 = Clock::now();
     std::vector<float> logits;
-    if (runner_->last_stage()) logits.resize(batch.logit_rows.size() * runner_->vocab().count);
-    Status s = runner_->Forward(batch, tables, logits);
+    std::vector<ArgmaxShare> argmax;
+    if (runner_->last_stage()) {
+      logits.resize(batch.logit_rows.size() * runner_->vocab().count);
+      argmax.resize(batch.argmax_rows.size());
+    }
+    Status s = runner_->Forward(batch, tables, logits, argmax);
     const double collective = runner_->TakeCollectiveSeconds();
     if (!s.ok()) {
       if (s.code() == StatusCode::kAborted) {
@@ -201,6 +205,10 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
       resp->set_rows(static_cast<int32_t>(batch.logit_rows.size()));
       resp->set_logits(reinterpret_cast<const char*>(logits.data()),
                        logits.size() * sizeof(float));
+      for (const ArgmaxShare& a : argmax) {
+        resp->add_argmax_values(a.value);
+        resp->add_argmax_ids(a.id);
+      }
     }
     return grpc::Status::OK;
   }

@@ -33,8 +33,15 @@ class CpuWorkerShard final : public WorkerShard {
   bool in_group() const override { return group_ != nullptr; }
 
   Status Forward(const ForwardBatch& batch, std::span<const std::span<const int32_t>> tables,
-                 std::span<float> logits) override {
-    return runner_->Forward(batch, tables, group_.get(), logits);
+                 std::span<float> logits, std::span<ArgmaxShare> argmax) override {
+    auto forward = [&](const ForwardBatch& b, std::span<float> out) {
+      return runner_->Forward(b, tables, group_.get(), out);
+    };
+    // Only the last stage has logits; the others run the batch as it is.
+    if (!runner_->last_stage() || batch.argmax_rows.empty()) return forward(batch, logits);
+    const ShardRange cols = runner_->vocab();
+    return ForwardArgmaxOnHost(batch, static_cast<int32_t>(cols.begin),
+                               static_cast<int32_t>(cols.count), scratch_, logits, argmax, forward);
   }
   Status MoveKv(std::span<const int32_t> table, std::span<const int32_t> src,
                 std::span<const int32_t> dst) override {
@@ -46,6 +53,7 @@ class CpuWorkerShard final : public WorkerShard {
  private:
   std::unique_ptr<CpuShardRunner> runner_;
   std::unique_ptr<CollectiveGroup> group_;
+  std::vector<float> scratch_;  // the argmax rows' logits
 };
 
 StatusOr<std::unique_ptr<WorkerShard>> CreateCpuShard(std::shared_ptr<const Model> model,

@@ -52,10 +52,11 @@ class WorkerShard {
   virtual bool in_group() const = 0;
 
   // One pass (CpuShardRunner::Forward's contract: validated batch and tables; on the last stage
-  // `logits` holds [logit_rows, vocab().count]). An ABORTED error means the group is broken.
+  // `logits` holds [logit_rows, vocab().count] and `argmax` [argmax_rows] each argmax row's
+  // largest logit over vocab() and its token id). An ABORTED error means the group is broken.
   virtual Status Forward(const ForwardBatch& batch,
-                         std::span<const std::span<const int32_t>> tables,
-                         std::span<float> logits) = 0;
+                         std::span<const std::span<const int32_t>> tables, std::span<float> logits,
+                         std::span<ArgmaxShare> argmax) = 0;
   virtual Status MoveKv(std::span<const int32_t> table, std::span<const int32_t> src,
                         std::span<const int32_t> dst) = 0;
   // Seconds spent in collectives since the last call.

@@ -97,6 +97,9 @@ TEST_P(LlmGroupExactness, LogitsBitIdenticalToCpuRunner) {
   const auto traffic = (*remote)->traffic();
   EXPECT_EQ(traffic.passes, 6);
   EXPECT_GT(traffic.response_bytes, 0);
+  // Argmax rows: each last-stage rank's argmax over its columns, combined by the client.
+  testing::ExpectArgmaxRowsMatchLogits(
+      **remote, remote_kv, {1, 20, 31, 45, 7, 60, 13, 21, 90 % model->config().vocab_size});
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -237,6 +240,48 @@ TEST(LlmGroupGeneration, GreedyTp2Pp2EqualsLocalEngineWithAndWithoutSpeculation)
               static_cast<long long>(t.passes), double(t.request_bytes) / t.passes,
               double(t.response_bytes) / t.passes, 1e3 * t.worker_compute_seconds / t.passes,
               1e3 * t.worker_collective_seconds / t.passes);
+}
+
+// Greedy sequences whose callback reads no logits (GenerateRequest::callback_logits false) get
+// argmax rows: the last stage's workers answer one id and value per row and rank instead of the
+// row's logits. Same tokens as with logits, token for token, and far fewer response bytes.
+TEST(LlmGroupGeneration, GreedyArgmaxRowsCrossTheNetworkInsteadOfLogits) {
+  const Stories& st = LoadStories();
+  auto group = testing::StartLlmGroup(st.model, st.fingerprint, 2, 1);
+  ASSERT_TRUE(group);
+  SpeculatorOptions so;
+  so.num_threads = 1;
+  auto layers = CreateSpeculator("layers:2", st.model, so);
+  ASSERT_TRUE(layers.ok()) << layers.status().ToString();
+  std::vector<GenerateRequest> reqs;
+  for (const char* p : {"Once upon a time", "The cat sat on the mat", "One day, Lily"}) {
+    GenerateRequest r;
+    r.prompt_tokens = st.Encode(p);
+    r.max_new_tokens = 30;
+    r.sampling.temperature = 0;
+    r.speculators = {layers->get()};
+    r.tree_shape = *TreeShape::Parse("2,1,1");
+    reqs.push_back(r);
+  }
+  std::vector<std::vector<int32_t>> tokens[2];
+  double bytes_per_pass[2];
+  for (bool logits : {true, false}) {
+    auto remote = RemoteLlmRunner::Connect(group->GroupOptions(), st.model, st.fingerprint);
+    ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+    KvCacheManager kv((*remote)->num_kv_blocks(), (*remote)->kv_block_size());
+    for (GenerateRequest& r : reqs) r.callback_logits = logits;
+    tokens[logits] = GenerateAll(**remote, kv, reqs, /*prefix_cache=*/false);
+    const auto t = (*remote)->traffic();
+    bytes_per_pass[logits] = double(t.response_bytes) / t.passes;
+  }
+  EXPECT_EQ(tokens[false], tokens[true]);
+  for (const auto& t : tokens[false]) EXPECT_EQ(t.size(), 30u);
+  std::printf(
+      "[llm group tp=2, greedy trees 2,1,1] response bytes per pass: logits %.0f, argmax "
+      "rows %.0f\n",
+      bytes_per_pass[true], bytes_per_pass[false]);
+  // A pass's rows cost 2 x 256 floats each with logits, 2 x (id + value) with argmax rows.
+  EXPECT_LT(bytes_per_pass[false] * 10, bytes_per_pass[true]);
 }
 
 // Prefix caching in the manager: the workers only see block tables in which blocks are shared

@@ -112,6 +112,8 @@ TEST_P(CudaLlmWorkers, GroupLogitsEqualOneGpuAndCpu) {
   ExpectEqualBits(got, testing::RunScenario(**whole, whole_kv), 0.0, "vs one GPU");
   auto cpu = testing::MakeLocalRunner(group->model, blocks);
   ExpectEqualBits(got, testing::RunScenario(*cpu.runner, *cpu.kv), 1e-4, "vs the CPU");
+  // Argmax rows: each last-stage GPU's argmax over its columns, combined by the client.
+  testing::ExpectArgmaxRowsMatchLogits(**remote, remote_kv, {1, 20, 31, 45, 7, 60, 13, 21, 90});
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, CudaLlmWorkers,

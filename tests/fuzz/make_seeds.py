@@ -384,6 +384,12 @@ def worker_proto_seeds():
                          block_table: [3] mask_cols: 3 mask_bits: [1, 3, 5] }"""
     write("worker_proto", "forward_mask.bin",
           b"\x00" + protoc_encode(llm, "specinfer.worker.LlmForwardRequest", fwd_mask))
+    fwd_argmax = """kv_block_size: 16 tokens: [5, 6, 7] positions: [8, 9, 9] logit_rows: [0]
+                    argmax_rows: [2, 0, 1]
+                    seqs { seq: 2 token_begin: 0 token_count: 3 kv_prefix: 8 masked_kv: 0
+                           block_table: [3] mask_cols: 3 mask_bits: [1, 3, 5] }"""
+    write("worker_proto", "forward_argmax.bin",
+          b"\x00" + protoc_encode(llm, "specinfer.worker.LlmForwardRequest", fwd_argmax))
     move = "kv_block_size: 16 length: 20 block_table: [4, 5] src: [17, 18] dst: [10, 11]"
     write("worker_proto", "move_kv.bin",
           b"\x01" + protoc_encode(llm, "specinfer.worker.LlmMoveKvRequest", move))

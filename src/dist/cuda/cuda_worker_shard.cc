@@ -100,9 +100,9 @@ class CudaWorkerShard final : public WorkerShard {
   bool in_group() const override { return joined_; }
 
   Status Forward(const ForwardBatch& batch, std::span<const std::span<const int32_t>> tables,
-                 std::span<float> logits) override {
+                 std::span<float> logits, std::span<ArgmaxShare> argmax) override {
     if (!joined_) return FailedPreconditionError("not in a group");
-    Status s = runner_->ForwardWithTables(batch, tables, logits);
+    Status s = runner_->ForwardWithTables(batch, tables, logits, argmax);
     if (!s.ok() && group_) {  // the runner has aborted the group: the peers fail too
       Leave();
       return Status(StatusCode::kAborted, s.ToString());
