@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "model/loader.h"
@@ -227,6 +228,22 @@ TEST_F(CpuRunnerTest, ArgmaxRowsAreTheArgmaxOfTheirLogits) {
   b.argmax_rows = {0, 0};
   EXPECT_TRUE(runner_->ForwardArgmax(b, *kv_, logits, ids).ok());
   EXPECT_EQ(ids[0], ids[1]);
+}
+
+// Shares of a row over disjoint columns combine to the whole row's Argmax, in any order: the
+// largest value, the lowest id among equal maxima; an empty share (id -1) changes nothing.
+TEST(ArgmaxShare, CombinesToTheLowestIdAmongEqualMaxima) {
+  const std::vector<ArgmaxShare> shares = {{2.0f, 40}, {5.0f, 71}, {5.0f, 12}, {-1.0f, 3}, {}};
+  std::vector<size_t> order = {0, 1, 2, 3, 4};
+  do {
+    ArgmaxShare all;
+    for (size_t i : order) all.Combine(shares[i]);
+    EXPECT_EQ(all.id, 12);
+    EXPECT_EQ(all.value, 5.0f);
+  } while (std::next_permutation(order.begin(), order.end()));
+  ArgmaxShare none;
+  none.Combine(ArgmaxShare{});
+  EXPECT_EQ(none.id, -1);
 }
 
 // A KV manager planning blocks of another size than the runner's storage would address the
