@@ -4,7 +4,7 @@
 //                      [--temperature T] [--top-k K] [--top-p P] [--seed S] [--json]
 //                      [--chat [--chat-template chatml|llama2|llama3|gemma] [--system TEXT]]
 //                      [--draft ngram[:N]|layers:K|model:PATH ...] [--tree 1,1,3,1]
-//                      [--backend cpu|cuda] [--draft-backend cpu|cuda]
+//                      [--backend cpu|cuda] [--draft-backend cpu|cuda[,...]]
 //   specinfer serve ...                       (cli/serve.h)
 //   specinfer cluster --config FILE [--role all|manager]     (cli/cluster.h: distributed serving)
 //   specinfer worker --config FILE --role ssm|llm --index N
@@ -83,11 +83,12 @@ void AddEngineOptions(CLI::App* cmd, EngineOptions& o) {
                 "Convert the weights to float32 at load (full precision; 4 bytes per weight)");
   cmd->add_option("--backend", o.backend, "Where the model runs: cpu, or cuda (GPU 0)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  cmd->add_option("--draft-backend", o.draft_backend,
+  cmd->add_option("--draft-backend", o.draft_backends,
                   "Where model: and layers: drafts run: cpu (sharing the model's threads), or "
-                  "cuda (GPU 0)")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
-      ->capture_default_str();
+                  "cuda (GPU 0); one for every draft, or one per --draft in order (e.g. "
+                  "cuda,cpu). Default: cpu")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"cpu", "cuda"}));
 }
 
 // --system and --prompt as a conversation.

@@ -63,11 +63,12 @@ void AddServeOptions(CLI::App* cmd, ServeArgs& a) {
                 "Convert the weights to float32 at load (full precision; 4 bytes per weight)");
   cmd->add_option("--backend", a.engine.backend, "Where the model runs: cpu, or cuda (GPU 0)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  cmd->add_option("--draft-backend", a.engine.draft_backend,
+  cmd->add_option("--draft-backend", a.engine.draft_backends,
                   "Where model: and layers: drafts run: cpu (sharing the model's threads), or "
-                  "cuda (GPU 0)")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
-      ->capture_default_str();
+                  "cuda (GPU 0); one for every draft, or one per --draft in order (e.g. "
+                  "cuda,cpu). Default: cpu")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--http-threads", a.http_threads, "HTTP handler threads (0: max-queue + 16)")
       ->check(CLI::Range(0, 4096));
   cmd->add_flag("--no-prefix-cache", a.no_prefix_cache,

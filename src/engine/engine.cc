@@ -48,7 +48,21 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   SI_ASSIGN_OR_RETURN(const Backend backend,
                       o.custom_backend ? StatusOr<Backend>(*o.custom_backend)
                                        : FindBackend(o.backend));
-  SI_RETURN_IF_ERROR(FindBackend(o.draft_backend).status());
+  // Each draft's backend: draft_backends (one for all, or one per draft), else draft_backend.
+  std::string default_draft_backend = o.draft_backend;
+  std::vector<std::string> draft_backends(o.drafts.size(), o.draft_backend);
+  if (o.draft_backends.size() == 1) {
+    default_draft_backend = o.draft_backends[0];
+    draft_backends.assign(o.drafts.size(), default_draft_backend);
+  } else if (!o.draft_backends.empty()) {
+    if (o.draft_backends.size() != o.drafts.size())
+      return InvalidArgumentError("draft backends: " + std::to_string(o.draft_backends.size()) +
+                                  " given for " + std::to_string(o.drafts.size()) +
+                                  " drafts (give one for all, or one per draft)");
+    draft_backends = o.draft_backends;
+  }
+  SI_RETURN_IF_ERROR(FindBackend(default_draft_backend).status());
+  for (const std::string& name : draft_backends) SI_RETURN_IF_ERROR(FindBackend(name).status());
   ServingLoadOptions lo;
   lo.tokenizer_path = o.tokenizer_path;
   lo.context_length = o.context_length;
@@ -64,7 +78,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   engine->chat_template_ = std::move(loaded.chat_template);
   engine->max_sequences_ = o.max_sequences;
   engine->kv_block_size_ = o.kv_block_size;
-  engine->draft_backend_ = o.draft_backend;
+  engine->draft_backend_ = default_draft_backend;
   engine->spec_budget_ = o.spec_budget;
   // One pool of CPU threads for the LLM's runner (if it runs on the CPU) and the CPU drafts,
   // which take turns with it. A remote group's manager leaves its drafts their own threads.
@@ -97,9 +111,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   if (tok.eos_id() >= 0) engine->stop_tokens_.push_back(tok.eos_id());
   if (format == ModelFormat::kLlama2c && tok.bos_id() >= 0)
     engine->stop_tokens_.push_back(tok.bos_id());
-  for (const std::string& spec : o.drafts) {
-    SI_ASSIGN_OR_RETURN(Speculator * s, engine->AddSpeculator(spec));
-    spdlog::info("speculator {} ready", s->name());
+  for (size_t i = 0; i < o.drafts.size(); ++i) {
+    SI_ASSIGN_OR_RETURN(Speculator * s, engine->AddSpeculator(o.drafts[i], draft_backends[i]));
+    spdlog::info("speculator {} ready ({})", s->name(), draft_backends[i]);
   }
   if (o.speculator_factory) {
     SI_ASSIGN_OR_RETURN(auto injected, o.speculator_factory(engine->model_, *engine->tokenizer_));
@@ -115,14 +129,14 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   return engine;
 }
 
-StatusOr<Speculator*> Engine::AddSpeculator(const std::string& spec) {
+StatusOr<Speculator*> Engine::AddSpeculator(const std::string& spec, const std::string& backend) {
   for (const auto& s : speculators_)
     if (s->name() == spec) return s.get();
   SpeculatorOptions so;
   so.max_sequences = max_sequences_;
   so.kv_block_size = kv_block_size_;
   so.pool = pool_;
-  so.backend = draft_backend_;
+  so.backend = backend;
   so.llm_tokenizer = tokenizer_.get();
   SI_ASSIGN_OR_RETURN(std::unique_ptr<Speculator> s, CreateSpeculator(spec, model_, so));
   speculators_.push_back(std::move(s));
@@ -137,7 +151,7 @@ StatusOr<Speculator*> Engine::GetSpeculator(const std::string& spec) {
     return FailedPreconditionError("draft '" + spec +
                                    "' was not loaded at start (model drafts are loaded with "
                                    "--draft when the engine starts)");
-  return AddSpeculator(spec);
+  return AddSpeculator(spec, draft_backend_);
 }
 
 std::vector<Speculator*> Engine::speculators() const {

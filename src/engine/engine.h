@@ -49,6 +49,10 @@ struct EngineOptions {
   // Where model and layers drafts run: a registered backend name, as `backend`. CPU drafts share
   // the engine's threads; layers drafts read the LLM's weights (a GPU one uploads its own copy).
   std::string draft_backend = "cpu";
+  // Overrides draft_backend: one name, for every draft, or one per entry of `drafts`, in order
+  // (drafts created later by name, GetSpeculator, then run on draft_backend). Any other count is
+  // InvalidArgument. The CLI's --draft-backend cuda,cpu.
+  std::vector<std::string> draft_backends;
   // How deep Generate's token trees go (engine/spec_controller.h): auto adapts them per step
   // (one controller for all of this engine's Generate calls), static expands the full shape.
   SpecBudgetMode spec_budget = SpecBudgetMode::kAuto;
@@ -103,7 +107,7 @@ class Engine {
                                     const TokenCallback& on_token = nullptr);
 
  private:
-  StatusOr<Speculator*> AddSpeculator(const std::string& spec);
+  StatusOr<Speculator*> AddSpeculator(const std::string& spec, const std::string& backend);
 
   std::shared_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;

@@ -51,7 +51,8 @@ then pass; else fail "--json output"; cat "$TMP/json"; fi
 # and the statistics in --json (of full trees: the adaptive controller would choose depths by the
 # measured costs, so the tokens per pass would depend on the machine's load).
 "$BIN" generate -m "$DATA/stories260K.bin" --tokenizer "$DATA/tok512.bin" -p "" -n 200 \
-  --temperature 0 --draft ngram --draft layers:3 --tree 2,1,1,1 >"$TMP/out" 2>"$TMP/err"
+  --temperature 0 --draft ngram --draft layers:3 --draft-backend cpu,cpu --tree 2,1,1,1 \
+  >"$TMP/out" 2>"$TMP/err"
 if cmp -s "$TMP/out" "$TMP/want"; then pass; else fail "speculative greedy vector differs"; cat "$TMP/err"; fi
 "$BIN" generate -m "$DATA/stories260K.bin" --tokenizer "$DATA/tok512.bin" -p "" -n 100 \
   --temperature 0 --draft "model:$DATA/stories260K.bin" --tree 1,1,1,1 --spec-budget static \
@@ -71,6 +72,11 @@ expect_error "bad tree" "tree width 0" -- generate -m "$DATA/stories260K.bin" \
   --tokenizer "$DATA/tok512.bin" -p "x" --draft ngram --tree 1,0,1
 expect_error "too many layers" "1 to 4" -- generate -m "$DATA/stories260K.bin" \
   --tokenizer "$DATA/tok512.bin" -p "x" --draft layers:9
+expect_error "draft backends per draft" "2 given for 1 drafts" -- generate \
+  -m "$DATA/stories260K.bin" --tokenizer "$DATA/tok512.bin" -p "x" --draft layers:2 \
+  --draft-backend cpu,cpu
+expect_error "unknown draft backend" "tpu" -- generate -m "$DATA/stories260K.bin" \
+  --tokenizer "$DATA/tok512.bin" -p "x" --draft layers:2 --draft-backend tpu
 expect_error "unknown draft" "unknown draft" -- generate -m "$DATA/stories260K.bin" \
   --tokenizer "$DATA/tok512.bin" -p "x" --draft eagle
 

@@ -83,6 +83,38 @@ TEST(EngineBackend, DraftsCreateTheirRunnersThroughTheRegistry) {
   EXPECT_EQ(Greedy(**engine, {*more}), base);
 }
 
+// draft_backends (the CLI's --draft-backend a,b): one backend per draft in order, or one for
+// all; drafts created later by name run on the default. Any other count is refused.
+TEST(EngineBackend, EachDraftOnItsOwnBackend) {
+  std::atomic<int> created{0};
+  RegisterBackend(CountingCpuBackend("test-per-draft-cpu", &created));
+  EngineOptions o = StoriesOptions();
+  o.drafts = {"layers:2", "layers:3", "ngram"};
+  o.draft_backends = {"cpu", "test-per-draft-cpu", "cpu"};
+  auto engine = Engine::Create(o);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  EXPECT_EQ(created.load(), 1) << "layers:3 alone runs on the counting backend";
+  const std::vector<int32_t> base = Greedy(**engine);
+  EXPECT_EQ(Greedy(**engine, (*engine)->speculators()), base);
+  ASSERT_TRUE((*engine)->GetSpeculator("layers:4").ok());  // later: the default, cpu
+  EXPECT_EQ(created.load(), 1);
+
+  o.draft_backends = {"test-per-draft-cpu"};  // one for all, and for later ones
+  created = 0;
+  engine = Engine::Create(o);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  EXPECT_EQ(created.load(), 2);
+  ASSERT_TRUE((*engine)->GetSpeculator("layers:4").ok());
+  EXPECT_EQ(created.load(), 3);
+
+  o.draft_backends = {"cpu", "cpu"};
+  Status s = Engine::Create(o).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("2 given for 3 drafts"), std::string::npos) << s.ToString();
+  o.draft_backends = {"cpu", "nope", "cpu"};
+  EXPECT_EQ(Engine::Create(o).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(EngineBackend, BadBackendNamesFailAtCreate) {
   EngineOptions o = StoriesOptions();
   o.backend = "nope";
