@@ -13,19 +13,12 @@
 #include <vector>
 
 #include "backend/cpu/cpu_runner.h"
+#include "bench/bench_util.h"
 #include "engine/generator.h"
 #include "model/loader.h"
 #include "model/random_model.h"
 
-namespace {
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-}  // namespace
+using specinfer::bench::Median;
 
 int main(int argc, char** argv) {
   using namespace specinfer;

@@ -19,23 +19,15 @@
 #include <numeric>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "dist/llm_client.h"
 #include "dist/llm_worker.h"
 #include "model/loader.h"
 #include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
 
-namespace {
-
 using namespace specinfer;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-}  // namespace
+using specinfer::bench::Median;
 
 int main(int argc, char** argv) {
   CLI::App app{"specinfer LLM group tree passes: logits rows against argmax rows"};

@@ -19,24 +19,20 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
-#include <ctime>
 #include <cstdio>
+#include <ctime>
 #include <numeric>
 #include <vector>
 
 #include "backend/cpu/simd.h"
 #include "backend/cpu/tiled_matrix.h"
+#include "bench/bench_util.h"
 #include "engine/engine.h"
 
 namespace {
 
 using namespace specinfer;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using bench::Median;
 
 constexpr const char* kText =
     "The city council met on Tuesday to discuss the new park on Elm Street. Residents asked for "
