@@ -1017,6 +1017,19 @@ Status CudaModelRunner::Impl::Run(const ForwardBatch& batch,
   return Status::Ok();
 }
 
+namespace {
+
+// The block table of each of batch.seqs, in order, as `kv` holds them.
+std::vector<std::span<const int32_t>> BlockTables(const ForwardBatch& batch,
+                                                  const KvCacheManager& kv) {
+  std::vector<std::span<const int32_t>> tables;
+  tables.reserve(batch.seqs.size());
+  for (const BatchSequence& s : batch.seqs) tables.push_back(kv.BlockTable(s.seq));
+  return tables;
+}
+
+}  // namespace
+
 Status CudaModelRunner::Forward(const ForwardBatch& batch, const KvCacheManager& kv,
                                 std::span<float> logits) {
   Impl& im = *impl_;
@@ -1024,10 +1037,7 @@ Status CudaModelRunner::Forward(const ForwardBatch& batch, const KvCacheManager&
   // A share's logits hold only its columns: Run checks their size.
   SI_RETURN_IF_ERROR(
       im.Fail(CheckForward(batch, kv, limits, im.sharded() ? SIZE_MAX : logits.size())));
-  std::vector<std::span<const int32_t>> tables;
-  tables.reserve(batch.seqs.size());
-  for (const BatchSequence& s : batch.seqs) tables.push_back(kv.BlockTable(s.seq));
-  return im.Fail(im.Run(batch, tables, logits, {}));
+  return im.Fail(im.Run(batch, BlockTables(batch, kv), logits, {}));
 }
 
 Status CudaModelRunner::ForwardArgmax(const ForwardBatch& batch, const KvCacheManager& kv,
@@ -1038,11 +1048,8 @@ Status CudaModelRunner::ForwardArgmax(const ForwardBatch& batch, const KvCacheMa
         "ForwardArgmax on a share of the model: its argmax is ForwardWithTables' share"));
   const ForwardLimits limits{im.config().vocab_size, im.opt.num_kv_blocks, im.opt.kv_block_size};
   SI_RETURN_IF_ERROR(CheckForward(batch, kv, limits, logits.size(), argmax.size()));
-  std::vector<std::span<const int32_t>> tables;
-  tables.reserve(batch.seqs.size());
-  for (const BatchSequence& s : batch.seqs) tables.push_back(kv.BlockTable(s.seq));
   std::vector<ArgmaxShare> shares(batch.argmax_rows.size());
-  SI_RETURN_IF_ERROR(im.Run(batch, tables, logits, shares));
+  SI_RETURN_IF_ERROR(im.Run(batch, BlockTables(batch, kv), logits, shares));
   for (size_t i = 0; i < shares.size(); ++i) argmax[i] = shares[i].id;
   return Status::Ok();
 }
