@@ -14,8 +14,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace specinfer::emu {
@@ -358,20 +360,107 @@ void WarpMma16816(bool bf16, float* d, const uint32_t* a, const uint32_t* b) {
   block.Gather(0, "a warp matrix product");
 }
 
-void Launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes,
-            const std::function<void()>& body) {
+namespace {
+
+// ---- streams and graphs --------------------------------------------------------------------
+// A graph is the list of operations a capture recorded, run in order (the emulator's streams are
+// synchronous, so a captured stream's order is the only dependency there is).
+struct Graph {
+  std::vector<std::function<cudaError_t()>> nodes;
+};
+struct Stream {
+  Graph* capture = nullptr;  // the graph being recorded, or null
+  bool invalidated = false;  // a prohibited call broke the capture: EndCapture fails
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  std::thread::id owner;  // the thread that began the capture
+};
+
+std::mutex& CaptureMutex() {
+  static std::mutex m;
+  return m;
+}
+std::vector<Stream*>& Capturing() {  // streams capturing now, under CaptureMutex
+  static std::vector<Stream*> v;
+  return v;
+}
+
+Stream* AsStream(cudaStream_t s) { return reinterpret_cast<Stream*>(s); }
+
+// A synchronous or otherwise unsafe call (cudaMemcpy, cudaMalloc, a synchronisation) while a
+// capture forbids it: cudaStreamCaptureModeGlobal captures forbid it on every thread,
+// ThreadLocal ones on the thread that began them. Such a call fails and invalidates those
+// captures, as on a GPU.
+bool ProhibitedByCapture() {
+  std::lock_guard<std::mutex> lock(CaptureMutex());
+  bool prohibited = false;
+  for (Stream* s : Capturing()) {
+    const bool applies =
+        s->mode == cudaStreamCaptureModeGlobal ||
+        (s->mode == cudaStreamCaptureModeThreadLocal && s->owner == std::this_thread::get_id());
+    if (applies) {
+      s->invalidated = true;
+      prohibited = true;
+    }
+  }
+  return prohibited;
+}
+
+// Runs `op` now, or records it when `stream` is capturing. Work for the legacy default stream
+// (0) while anything captures would synchronise with the capture: refused, as on a GPU.
+cudaError_t Issue(cudaStream_t stream, std::function<cudaError_t()> op) {
+  if (stream == nullptr) {
+    bool any;
+    {
+      std::lock_guard<std::mutex> lock(CaptureMutex());
+      any = !Capturing().empty();
+    }
+    if (any && ProhibitedByCapture()) {
+      g_last_error = cudaErrorStreamCaptureImplicit;
+      return cudaErrorStreamCaptureImplicit;
+    }
+    return op();
+  }
+  Stream* s = AsStream(stream);
+  if (s->capture == nullptr) return op();
+  s->capture->nodes.push_back(std::move(op));
+  return cudaSuccess;
+}
+
+}  // namespace
+
+namespace {
+
+cudaError_t RunLaunch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes,
+                      const std::function<void()>& body);
+
+}  // namespace
+
+void Launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+            std::function<void()> body) {
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || threads == 0 || grid.y > 65535 ||
       grid.z > 65535 || block.z > 64 || threads > kMaxThreadsPerBlock) {
     g_last_error = cudaErrorInvalidConfiguration;
+    if (stream != nullptr && AsStream(stream)->capture) AsStream(stream)->invalidated = true;
     return;
   }
+  const cudaError_t err =
+      Issue(stream, [kernel, grid, block, shared_bytes, body = std::move(body)] {
+        return RunLaunch(kernel, grid, block, shared_bytes, body);
+      });
+  if (err != cudaSuccess) g_last_error = err;
+}
+
+namespace {
+
+cudaError_t RunLaunch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes,
+                      const std::function<void()>& body) {
   std::lock_guard<std::mutex> lock(LaunchMutex());
   if (shared_bytes > kDefaultSharedLimit) {
     auto it = DynamicSharedOptin().find(kernel);
     if (it == DynamicSharedOptin().end() || static_cast<size_t>(it->second) < shared_bytes) {
       g_last_error = cudaErrorInvalidValue;  // what a GPU says: too much shared memory
-      return;
+      return cudaErrorInvalidValue;
     }
   }
   static ctx::pooled_fixedsize_stack stacks(256 * 1024);
@@ -383,7 +472,10 @@ void Launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes,
         b.Run();
         Block::current_block = nullptr;
       }
+  return cudaSuccess;
 }
+
+}  // namespace
 
 namespace {
 
@@ -519,6 +611,7 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
 // 256-byte alignment): a kernel reading or writing past the end of its buffer crashes, as the
 // GPU's memory checker would report it, instead of reading a neighbour's data.
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+  if (specinfer::emu::ProhibitedByCapture()) return Fail(cudaErrorStreamCaptureUnsupported);
   auto& m = Mem();
   std::lock_guard<std::mutex> lock(m.mu);
   *ptr = nullptr;
@@ -538,6 +631,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   return cudaSuccess;
 }
 cudaError_t cudaFree(void* ptr) {
+  if (specinfer::emu::ProhibitedByCapture()) return Fail(cudaErrorStreamCaptureUnsupported);
   if (ptr == nullptr) return cudaSuccess;
   auto& m = Mem();
   std::lock_guard<std::mutex> lock(m.mu);
@@ -556,26 +650,29 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   return cudaSuccess;
 }
 cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned int /*flags*/) {
+  if (specinfer::emu::ProhibitedByCapture()) return Fail(cudaErrorStreamCaptureUnsupported);
   *ptr = std::malloc(bytes == 0 ? 1 : bytes);
   return *ptr ? cudaSuccess : Fail(cudaErrorMemoryAllocation);
 }
 cudaError_t cudaMallocHost(void** ptr, size_t bytes) { return cudaHostAlloc(ptr, bytes, 0); }
 cudaError_t cudaFreeHost(void* ptr) {
+  if (specinfer::emu::ProhibitedByCapture()) return Fail(cudaErrorStreamCaptureUnsupported);
   std::free(ptr);
   return cudaSuccess;
 }
 
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind /*kind*/) {
+}  // extern "C"
+
+namespace specinfer::emu {
+namespace {
+
+cudaError_t Copy(void* dst, const void* src, size_t bytes) {
   if (bytes > 0 && (dst == nullptr || src == nullptr)) return Fail(cudaErrorInvalidValue);
   if (bytes > 0) std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
-                            cudaStream_t) {
-  return cudaMemcpy(dst, src, bytes, kind);
-}
-cudaError_t cudaMemcpy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
-                         size_t height, cudaMemcpyKind /*kind*/) {
+cudaError_t Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                   size_t height) {
   if (width > dpitch || width > spitch) return Fail(cudaErrorInvalidValue);
   if (width > 0 && height > 0 && (dst == nullptr || src == nullptr))
     return Fail(cudaErrorInvalidValue);
@@ -584,31 +681,142 @@ cudaError_t cudaMemcpy2D(void* dst, size_t dpitch, const void* src, size_t spitc
                  static_cast<const uint8_t*>(src) + r * spitch, width);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
-                              size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t) {
-  return cudaMemcpy2D(dst, dpitch, src, spitch, width, height, kind);
-}
-cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+cudaError_t Set(void* dst, int value, size_t bytes) {
   if (bytes > 0 && dst == nullptr) return Fail(cudaErrorInvalidValue);
   if (bytes > 0) std::memset(dst, value, bytes);
   return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
-  return cudaMemset(dst, value, bytes);
+// A synchronous call: refused while a capture forbids it.
+cudaError_t Unsafe() {
+  return ProhibitedByCapture() ? Fail(cudaErrorStreamCaptureUnsupported) : cudaSuccess;
 }
 
-// Streams are synchronous: work runs when it is issued.
+}  // namespace
+}  // namespace specinfer::emu
+
+using specinfer::emu::AsStream;
+using specinfer::emu::Issue;
+using specinfer::emu::Unsafe;
+
+extern "C" {
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind /*kind*/) {
+  if (cudaError_t e = Unsafe(); e != cudaSuccess) return e;
+  return specinfer::emu::Copy(dst, src, bytes);
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
+                            cudaStream_t stream) {
+  return Issue(stream, [=] { return specinfer::emu::Copy(dst, src, bytes); });
+}
+cudaError_t cudaMemcpy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                         size_t height, cudaMemcpyKind /*kind*/) {
+  if (cudaError_t e = Unsafe(); e != cudaSuccess) return e;
+  return specinfer::emu::Copy2D(dst, dpitch, src, spitch, width, height);
+}
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
+                              size_t width, size_t height, cudaMemcpyKind, cudaStream_t stream) {
+  if (width > dpitch || width > spitch) return Fail(cudaErrorInvalidValue);
+  return Issue(stream,
+               [=] { return specinfer::emu::Copy2D(dst, dpitch, src, spitch, width, height); });
+}
+cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+  if (cudaError_t e = Unsafe(); e != cudaSuccess) return e;
+  return specinfer::emu::Set(dst, value, bytes);
+}
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
+  return Issue(stream, [=] { return specinfer::emu::Set(dst, value, bytes); });
+}
+
+// Streams are synchronous: work runs when it is issued, unless the stream is capturing.
 cudaError_t cudaStreamCreate(cudaStream_t* s) {
-  *s = reinterpret_cast<cudaStream_t>(new int(0));
+  *s = reinterpret_cast<cudaStream_t>(new specinfer::emu::Stream());
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) { return cudaStreamCreate(s); }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  delete reinterpret_cast<int*>(s);
+  if (s != nullptr && AsStream(s)->capture != nullptr) return Fail(cudaErrorStreamCaptureUnmatched);
+  delete AsStream(s);
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if (s != nullptr && AsStream(s)->capture != nullptr) {
+    AsStream(s)->invalidated = true;
+    return Fail(cudaErrorStreamCaptureUnsupported);
+  }
+  return Unsafe();
+}
+cudaError_t cudaDeviceSynchronize() { return Unsafe(); }
+
+// ---- stream capture and graphs -----------------------------------------------------------------
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+  if (stream == nullptr) return Fail(cudaErrorStreamCaptureUnsupported);
+  specinfer::emu::Stream* s = AsStream(stream);
+  if (s->capture != nullptr) return Fail(cudaErrorIllegalState);
+  std::lock_guard<std::mutex> lock(specinfer::emu::CaptureMutex());
+  s->capture = new specinfer::emu::Graph();
+  s->invalidated = false;
+  s->mode = mode;
+  s->owner = std::this_thread::get_id();
+  specinfer::emu::Capturing().push_back(s);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  if (stream == nullptr || graph == nullptr) return Fail(cudaErrorInvalidValue);
+  specinfer::emu::Stream* s = AsStream(stream);
+  if (s->capture == nullptr) return Fail(cudaErrorIllegalState);
+  if (s->owner != std::this_thread::get_id() && s->mode != cudaStreamCaptureModeRelaxed)
+    return Fail(cudaErrorStreamCaptureWrongThread);
+  std::unique_ptr<specinfer::emu::Graph> g(s->capture);
+  {
+    std::lock_guard<std::mutex> lock(specinfer::emu::CaptureMutex());
+    auto& v = specinfer::emu::Capturing();
+    v.erase(std::find(v.begin(), v.end(), s));
+    s->capture = nullptr;
+  }
+  *graph = nullptr;
+  if (s->invalidated) return Fail(cudaErrorStreamCaptureInvalidated);
+  *graph = reinterpret_cast<cudaGraph_t>(g.release());
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  if (status == nullptr) return Fail(cudaErrorInvalidValue);
+  const specinfer::emu::Stream* s = stream == nullptr ? nullptr : AsStream(stream);
+  *status = s == nullptr || s->capture == nullptr ? cudaStreamCaptureStatusNone
+            : s->invalidated                      ? cudaStreamCaptureStatusInvalidated
+                                                  : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes, size_t* count) {
+  if (graph == nullptr || count == nullptr) return Fail(cudaErrorInvalidValue);
+  const auto* g = reinterpret_cast<const specinfer::emu::Graph*>(graph);
+  if (nodes != nullptr) return Fail(cudaErrorNotSupported);  // only the count
+  *count = g->nodes.size();
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  if (exec == nullptr || graph == nullptr) return Fail(cudaErrorInvalidValue);
+  if (cudaError_t e = Unsafe(); e != cudaSuccess) return e;
+  *exec = reinterpret_cast<cudaGraphExec_t>(
+      new specinfer::emu::Graph(*reinterpret_cast<const specinfer::emu::Graph*>(graph)));
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  if (exec == nullptr) return Fail(cudaErrorInvalidValue);
+  const auto* g = reinterpret_cast<const specinfer::emu::Graph*>(exec);
+  return Issue(stream, [g] {
+    for (const auto& node : g->nodes)
+      if (cudaError_t e = node(); e != cudaSuccess) return Fail(e);
+    return cudaSuccess;
+  });
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete reinterpret_cast<specinfer::emu::Graph*>(graph);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete reinterpret_cast<specinfer::emu::Graph*>(exec);
+  return cudaSuccess;
+}
 
 cudaError_t cudaEventCreate(cudaEvent_t* e) {
   *e = reinterpret_cast<cudaEvent_t>(new specinfer::emu::Event());
@@ -619,11 +827,14 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete reinterpret_cast<specinfer::emu::Event*>(e);
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
-  reinterpret_cast<specinfer::emu::Event*>(e)->t = std::chrono::steady_clock::now();
-  return cudaSuccess;
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
+  auto* ev = reinterpret_cast<specinfer::emu::Event*>(e);
+  return Issue(stream, [ev] {
+    ev->t = std::chrono::steady_clock::now();
+    return cudaSuccess;
+  });
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return Unsafe(); }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   const auto d = reinterpret_cast<specinfer::emu::Event*>(end)->t -
                  reinterpret_cast<specinfer::emu::Event*>(start)->t;

@@ -8,11 +8,14 @@
 // __ballot_sync), which are barriers over the warp. So a block's threads really interleave at
 // every point where CUDA lets them communicate, and a missing __syncthreads() shows up as a wrong
 // result (threads run in order up to a barrier, not all at once).
-// The runtime (cudaMalloc, cudaMemcpy, streams, events, cudaFuncSetAttribute) and the two cuBLAS
-// GEMMs the backend calls are implemented over host memory in cuda_emu.cc: device pointers are
-// host pointers; every stream is synchronous. There are 8 devices (the current one per thread),
-// one host memory under them, so multi-GPU code runs with ranks as threads
-// (backend/cuda/thread_collective.h stands in for NCCL there).
+// The runtime (cudaMalloc, cudaMemcpy, streams, events, cudaFuncSetAttribute, stream capture
+// into CUDA graphs) and the two cuBLAS GEMMs the backend calls are implemented over host memory
+// in cuda_emu.cc: device pointers are host pointers; every stream is synchronous, except that a
+// stream capturing a graph records its launches and copies (arguments by value) for
+// cudaGraphLaunch to run later; synchronous calls from a capturing thread fail and invalidate
+// the capture, as cudaStreamCaptureModeGlobal/ThreadLocal make them do on a GPU. There are 8
+// devices (the current one per thread), one host memory under them, so multi-GPU code runs with
+// ranks as threads (backend/cuda/thread_collective.h stands in for NCCL there).
 //
 // What it checks that a plain CPU port would not: launch shapes (block size, grid limits, dynamic
 // shared memory above 48 KiB without the opt-in attribute), shared memory and fresh cudaMalloc
@@ -20,9 +23,9 @@
 // GPU) or with partial masks (not emulated: an error), deadlocks (a __syncthreads() that not every
 // live thread reaches), accesses past the end of a cudaMalloc buffer (a guard page follows it),
 // and, with SPECINFER_CUDA_EMU_ORDER=reverse, results that depend on the order of a block's
-// threads between barriers. It says nothing about speed, coalescing, bank conflicts, or races between
-// blocks (blocks run one at a time); device math (exp2f, expf) is the host's, which may differ
-// from the GPU's in the last bits.
+// threads between barriers. It says nothing about speed, coalescing, bank conflicts, or races
+// between blocks (blocks run one at a time); device math (exp2f, expf) is the host's, which may
+// differ from the GPU's in the last bits.
 #pragma once
 
 // CUDA's host_defines.h keeps these when they are already defined.
@@ -63,17 +66,18 @@ void WarpMma16816(bool bf16, float* d, const uint32_t* a, const uint32_t* b);
 int LaneId();
 
 // Runs `body` once per thread of every block of the launch; sets the error cudaGetLastError
-// returns.
-void Launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes,
-            const std::function<void()>& body);
+// returns. On a stream that is capturing a graph, the launch is checked and recorded instead
+// (`body` holds the arguments by value, as a graph's kernel node does).
+void Launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+            std::function<void()> body);
 
 template <typename... Params>
-auto Launcher(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t /*stream*/,
+auto Launcher(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
               void (*kernel)(Params...)) {
   return [=](auto&&... args) {
     const std::tuple<std::decay_t<Params>...> params(args...);  // by value, as a launch does
-    Launch(reinterpret_cast<const void*>(kernel), grid, block, shared_bytes,
-           [&] { std::apply(kernel, params); });
+    Launch(reinterpret_cast<const void*>(kernel), grid, block, shared_bytes, stream,
+           [kernel, params] { std::apply(kernel, params); });
   };
 }
 

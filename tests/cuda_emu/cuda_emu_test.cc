@@ -3,6 +3,7 @@
 // lanes in a shuffle, deadlocks, out of memory). Compiled like the kernels (cuda_emu.h forced in).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <vector>
@@ -50,6 +51,8 @@ __global__ void ShuffleAfterExit(float* out) {
 }
 
 __global__ void WriteAt(float* p, int i) { p[i] = 1.0f; }
+
+__global__ void AddTo(float* p, float v) { p[threadIdx.x] += v; }
 
 // Lane 0 waits for its warp in a shuffle, the rest of the block waits for lane 0 in a barrier.
 __global__ void Deadlock(float* out) {
@@ -190,3 +193,65 @@ TEST(CudaEmulatorDeathTest, DeadlockAborts) {
 }
 
 }  // namespace
+
+// Stream capture: a captured stream records its launches and copies (arguments by value) instead
+// of running them; the instantiated graph runs them, in order, at every cudaGraphLaunch, on what
+// the buffers hold then; a synchronous call from the capturing thread fails and invalidates it.
+TEST(CudaEmulator, GraphsReplayWhatACaptureRecorded) {
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), 4 * sizeof(float)), cudaSuccess);
+  float* h = nullptr;
+  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&h), 4 * sizeof(float)), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  std::fill_n(h, 4, 1.0f);
+
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  cudaStreamCaptureStatus status;
+  ASSERT_EQ(cudaStreamIsCapturing(stream, &status), cudaSuccess);
+  EXPECT_EQ(status, cudaStreamCaptureStatusActive);
+  ASSERT_EQ(cudaMemcpyAsync(d, h, 4 * sizeof(float), cudaMemcpyHostToDevice, stream), cudaSuccess);
+  float v = 2.0f;
+  SPECINFER_LAUNCH(1, 4, 0, stream, AddTo)(d, v);
+  v = 100.0f;  // the node keeps the value the launch had
+  ASSERT_EQ(cudaMemcpyAsync(h, d, 4 * sizeof(float), cudaMemcpyDeviceToHost, stream), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_NE(graph, nullptr);
+  EXPECT_EQ(h[0], 1.0f);  // nothing ran
+  size_t nodes = 0;
+  ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &nodes), cudaSuccess);
+  EXPECT_EQ(nodes, 3u);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(h[i], 3.0f);
+  h[2] = 10.0f;  // a replay reads the inputs as they are now
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  EXPECT_EQ(h[0], 5.0f);
+  EXPECT_EQ(h[2], 12.0f);
+
+  // A synchronous copy from the capturing thread is refused and spoils the capture.
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  SPECINFER_LAUNCH(1, 4, 0, stream, AddTo)(d, 1.0f);
+  EXPECT_EQ(cudaMemcpy(h, d, sizeof(float), cudaMemcpyDeviceToHost),
+            cudaErrorStreamCaptureUnsupported);
+  cudaGraph_t bad = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(stream, &bad), cudaErrorStreamCaptureInvalidated);
+  EXPECT_EQ(bad, nullptr);
+  cudaGetLastError();
+  // The stream works normally again, and nothing of the spoilt capture ran.
+  ASSERT_EQ(cudaMemcpyAsync(h, d, 4 * sizeof(float), cudaMemcpyDeviceToHost, stream), cudaSuccess);
+  EXPECT_EQ(h[0], 5.0f);
+  // Nested captures and captures of the legacy stream are refused.
+  EXPECT_EQ(cudaStreamBeginCapture(nullptr, cudaStreamCaptureModeThreadLocal),
+            cudaErrorStreamCaptureUnsupported);
+  cudaGetLastError();
+
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  cudaFreeHost(h);
+  cudaFree(d);
+}
