@@ -4,8 +4,12 @@
 // ratio to the 1-token step (how much more a tree costs than one token: SpecInfer's premise is
 // that it costs little more). Both matrix-product paths are timed: the batch-invariant kernel
 // the engine uses for decode and trees, and cuBLAS (batch-dependent, what prompt passes use).
+// The batch-invariant passes are timed launched kernel by kernel (eager) and replayed from a
+// CUDA graph (what the engine does for decode and tree passes of a shape it has seen): the
+// graph's gain is the launch overhead of a few hundred kernels.
 // --decode N instead generates N tokens one step at a time after the prompt and prints decode
-// tokens per second (scripts/bench_cuda_vs_torch.py compares it with Hugging Face transformers).
+// tokens per second, with graphs and eager (scripts/bench_cuda_vs_torch.py compares the graph
+// figure with Hugging Face transformers).
 //
 //   bench_cuda_step [--preset llama2-7b] [--context 512] [--trees 1,2,4,8,16,32,64,128]
 //                   [--iters 10] [--decode 0] [--kv f16|f32]
@@ -118,27 +122,38 @@ int main(int argc, char** argv) {
   }
 
   if (decode > 0) {
-    const auto t0 = Clock::now();
-    for (int32_t i = 0; i < decode; ++i) {
-      Status s = kv.Reserve(seq, context + i + 1);
-      if (!s.ok()) return Fail(s);
-      ForwardBatch b;
-      b.AddSequence(seq, tokens(1), std::vector<int32_t>{context + i}, context + i, nullptr);
-      b.logit_rows = {0};
-      s = runner.Forward(b, kv, logits);
-      if (!s.ok()) return Fail(s);
+    // Eager first, then with graphs over the same positions (the KV entries are rewritten).
+    double tps[2] = {0, 0};
+    for (int graphs = 0; graphs < 2; ++graphs) {
+      runner.SetCudaGraphs(graphs == 1);
+      kv.Truncate(seq, context);
+      const auto t0 = Clock::now();
+      for (int32_t i = 0; i < decode; ++i) {
+        Status s = kv.Reserve(seq, context + i + 1);
+        if (!s.ok()) return Fail(s);
+        ForwardBatch b;
+        b.AddSequence(seq, tokens(1), std::vector<int32_t>{context + i}, context + i, nullptr);
+        b.logit_rows = {0};
+        s = runner.Forward(b, kv, logits);
+        if (!s.ok()) return Fail(s);
+      }
+      const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+      tps[graphs] = decode / sec;
+      std::printf("decode (%s): %d tokens in %.3f s: %.2f tokens/s (%.2f ms/token)\n",
+                  graphs ? "CUDA graphs" : "eager", decode, sec, decode / sec,
+                  1000.0 * sec / decode);
     }
-    const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
-    std::printf("decode: %d tokens in %.3f s: %.2f tokens/s (%.2f ms/token)\n", decode, sec,
-                decode / sec, 1000.0 * sec / decode);
-    std::printf("decode_tokens_per_second=%.3f\n", decode / sec);
+    std::printf("graphs vs eager: %.2fx (graphs captured %lld)\n", tps[1] / tps[0],
+                static_cast<long long>(runner.graph_stats().captured));
+    std::printf("decode_tokens_per_second=%.3f\n", tps[1]);
     return 0;
   }
 
   Status s = kv.Reserve(seq, context + max_tree);
   if (!s.ok()) return Fail(s);
-  std::printf("%8s %16s %10s %16s %10s\n", "tree", "kernel ms", "ratio", "cuBLAS ms", "ratio");
-  double base[2] = {0, 0};
+  std::printf("%8s %12s %12s %8s %10s %12s %10s\n", "tree", "eager ms", "graph ms", "gain", "ratio",
+              "cuBLAS ms", "ratio");
+  double base[3] = {0, 0, 0};
   for (int32_t t : trees) {
     // A random tree of t nodes in depth-first order, positions context + depth.
     std::vector<int32_t> parents(static_cast<size_t>(t)), depth(static_cast<size_t>(t));
@@ -154,28 +169,34 @@ int main(int argc, char** argv) {
     b.logit_rows.resize(static_cast<size_t>(t));
     std::iota(b.logit_rows.begin(), b.logit_rows.end(), 0);
     logits.resize(static_cast<size_t>(t) * c.vocab_size);
-    double ms[2];
-    for (int mode = 0; mode < 2; ++mode) {
-      b.batch_invariant = mode == 0;
+    // Modes: batch-invariant kernels eager, the same from a graph, cuBLAS (eager: batch-dependent
+    // passes are not captured).
+    double ms[3];
+    for (int mode = 0; mode < 3; ++mode) {
+      b.batch_invariant = mode < 2;
+      runner.SetCudaGraphs(mode == 1);
       std::vector<double> runs;
-      for (int32_t i = 0; i < iters + 2; ++i) {
+      // Untimed first passes: one, and for the graph a second (a shape's first pass runs
+      // eagerly, its second is captured).
+      const int32_t warmup = mode == 1 ? 2 : 1;
+      for (int32_t i = 0; i < iters + warmup; ++i) {
         const auto t0 = Clock::now();
         s = runner.Forward(b, kv, logits);  // synchronous: logits are back on the host
         if (!s.ok()) return Fail(s);
-        if (i >= 2)
+        if (i >= warmup)
           runs.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
       }
       std::sort(runs.begin(), runs.end());
       ms[mode] = runs[runs.size() / 2];
       if (t == trees.front()) base[mode] = ms[mode];
     }
-    std::printf("%8d %16.2f %10.2f %16.2f %10.2f\n", t, ms[0], ms[0] / base[0], ms[1],
-                ms[1] / base[1]);
+    std::printf("%8d %12.2f %12.2f %7.2fx %10.2f %12.2f %10.2f\n", t, ms[0], ms[1], ms[0] / ms[1],
+                ms[1] / base[1], ms[2], ms[2] / base[2]);
     std::fflush(stdout);
   }
   std::printf(
-      "(ratios are to the %d-token step; the step includes copying every node's logits "
-      "back)\n",
+      "(gain: eager / graph; ratios are to the %d-token step, graph and cuBLAS; the step "
+      "includes copying every node's logits back)\n",
       trees.front());
   return 0;
 }

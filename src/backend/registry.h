@@ -45,6 +45,9 @@ struct RunnerOptions {
   const Tokenizer* tokenizer = nullptr;
   // GPU backends: which device (the others ignore it).
   int32_t device = 0;
+  // GPU backends: replay decode and token-tree passes from CUDA graphs; false launches every
+  // kernel of every pass (the CLI's --enforce-eager).
+  bool cuda_graphs = true;
 };
 
 using RunnerFactory = std::function<StatusOr<std::unique_ptr<ModelRunner>>(

@@ -4,7 +4,7 @@
 //                      [--temperature T] [--top-k K] [--top-p P] [--seed S] [--json]
 //                      [--chat [--chat-template chatml|llama2|llama3|gemma] [--system TEXT]]
 //                      [--draft ngram[:N]|layers:K|model:PATH ...] [--tree 1,1,3,1]
-//                      [--backend cpu|cuda] [--draft-backend cpu|cuda[,...]]
+//                      [--backend cpu|cuda] [--draft-backend cpu|cuda[,...]] [--enforce-eager]
 //   specinfer serve ...                       (cli/serve.h)
 //   specinfer cluster --config FILE [--role all|manager]     (cli/cluster.h: distributed serving)
 //   specinfer worker --config FILE --role ssm|llm --index N
@@ -89,6 +89,10 @@ void AddEngineOptions(CLI::App* cmd, EngineOptions& o) {
                   "cuda,cpu). Default: cpu")
       ->delimiter(',')
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_flag_callback(
+      "--enforce-eager", [&o] { o.cuda_graphs = false; },
+      "cuda: launch every pass kernel by kernel instead of replaying decode and tree passes "
+      "from CUDA graphs");
 }
 
 // --system and --prompt as a conversation.

@@ -69,6 +69,10 @@ void AddServeOptions(CLI::App* cmd, ServeArgs& a) {
                   "cuda,cpu). Default: cpu")
       ->delimiter(',')
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_flag_callback(
+      "--enforce-eager", [&a] { a.engine.cuda_graphs = false; },
+      "cuda: launch every pass kernel by kernel instead of replaying decode and tree passes "
+      "from CUDA graphs");
   cmd->add_option("--http-threads", a.http_threads, "HTTP handler threads (0: max-queue + 16)")
       ->check(CLI::Range(0, 4096));
   cmd->add_flag("--no-prefix-cache", a.no_prefix_cache,

@@ -78,6 +78,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   engine->chat_template_ = std::move(loaded.chat_template);
   engine->max_sequences_ = o.max_sequences;
   engine->kv_block_size_ = o.kv_block_size;
+  engine->cuda_graphs_ = o.cuda_graphs;
   engine->draft_backend_ = default_draft_backend;
   engine->spec_budget_ = o.spec_budget;
   // One pool of CPU threads for the LLM's runner (if it runs on the CPU) and the CPU drafts,
@@ -95,6 +96,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   ro.pool = engine->pool_;
   ro.num_threads = o.num_threads;
   ro.tokenizer = engine->tokenizer_.get();
+  ro.cuda_graphs = o.cuda_graphs;
   SI_ASSIGN_OR_RETURN(engine->runner_, CreateRunner(backend, engine->model_, ro));
   const ModelRunner& runner = *engine->runner_;
   if (runner.num_kv_blocks() <= 0 || runner.kv_block_size() <= 0)
@@ -137,6 +139,7 @@ StatusOr<Speculator*> Engine::AddSpeculator(const std::string& spec, const std::
   so.kv_block_size = kv_block_size_;
   so.pool = pool_;
   so.backend = backend;
+  so.cuda_graphs = cuda_graphs_;
   so.llm_tokenizer = tokenizer_.get();
   SI_ASSIGN_OR_RETURN(std::unique_ptr<Speculator> s, CreateSpeculator(spec, model_, so));
   speculators_.push_back(std::move(s));

@@ -53,6 +53,9 @@ struct EngineOptions {
   // (drafts created later by name, GetSpeculator, then run on draft_backend). Any other count is
   // InvalidArgument. The CLI's --draft-backend cuda,cpu.
   std::vector<std::string> draft_backends;
+  // GPU backends (the model's and the drafts'): replay decode and tree passes from CUDA graphs
+  // (RunnerOptions::cuda_graphs); false: the CLI's --enforce-eager.
+  bool cuda_graphs = true;
   // How deep Generate's token trees go (engine/spec_controller.h): auto adapts them per step
   // (one controller for all of this engine's Generate calls), static expands the full shape.
   SpecBudgetMode spec_budget = SpecBudgetMode::kAuto;
@@ -118,6 +121,7 @@ class Engine {
   std::shared_ptr<ThreadPool> pool_;
   int32_t max_sequences_ = 1;
   int32_t kv_block_size_ = 16;
+  bool cuda_graphs_ = true;
   std::string draft_backend_ = "cpu";
   std::vector<std::unique_ptr<Speculator>> speculators_;
   SpecBudgetMode spec_budget_ = SpecBudgetMode::kAuto;

@@ -442,6 +442,7 @@ StatusOr<std::unique_ptr<Speculator>> CreateModelSpeculator(
   ro.num_threads = o.num_threads;
   ro.tokenizer = o.llm_tokenizer;
   ro.device = o.device;
+  ro.cuda_graphs = o.cuda_graphs;
   SI_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, CreateRunner(o.backend, model, ro));
   if (runner->num_kv_blocks() <= 0 || runner->kv_block_size() <= 0)
     return InternalError("draft runner " + runner->name() + " reports no KV storage");

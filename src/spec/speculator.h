@@ -118,6 +118,7 @@ struct SpeculatorOptions {
   // another backend than the LLM's, a layers draft holds its own copy of the layers it uses.
   std::string backend = "cpu";
   int32_t device = 0;  // GPU backends: which device (RunnerOptions::device)
+  bool cuda_graphs = true;  // GPU backends: RunnerOptions::cuda_graphs
   // For CPU drafts: threads shared with the LLM's runner; null: own threads.
   std::shared_ptr<ThreadPool> pool;
   int32_t num_threads = 0;           // without a pool: 0 means all hardware threads

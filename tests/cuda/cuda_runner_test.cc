@@ -217,6 +217,113 @@ TEST(CudaRunner, OversizedBatchRunsInPieces) {
   EXPECT_ALL_CLOSE(out[1], out[0], 0.0, 0.0, "pieces of 7 tokens vs one pass");
 }
 
+// CUDA graphs: passes replayed from graphs give exactly the eager passes' logits and argmax ids.
+// Three sequences decode together while their contexts grow across attention chunks of 64
+// positions (work items change: new shapes), every fourth step is a token-tree pass of two of
+// them, decode steps alternate logits rows and argmax rows; on stories260K (float32 KV) and a
+// random grouped-query model with an fp16 KV cache (the tensor-core kernel), the second with
+// room for only two graphs.
+TEST(CudaRunner, GraphReplaysEqualEagerPasses) {
+  ModelConfig c;
+  c.dim = 256;
+  c.hidden_dim = 512;
+  c.n_layers = 2;
+  c.n_heads = 8;
+  c.n_kv_heads = 2;
+  c.head_dim = 32;
+  c.vocab_size = 300;
+  c.max_seq_len = 256;
+  auto random = MakeRandomModel(c, 23);
+  ASSERT_TRUE(random.ok()) << random.status().ToString();
+  CudaRunnerOptions f16;
+  f16.kv_type = cuda::KvCacheType::kF16;
+  f16.max_graphs = 2;
+  const std::pair<std::shared_ptr<const Model>, CudaRunnerOptions> setups[] = {
+      {Stories(), CudaRunnerOptions{}},
+      {std::shared_ptr<const Model>(std::move(random).value()), f16}};
+  for (const auto& [model, base_options] : setups) {
+    ASSERT_TRUE(model);
+    const int32_t vocab = model->config().vocab_size;
+    const int32_t steps = testing::kEmulated ? 28 : 120;
+    std::vector<std::vector<float>> logits_of;
+    std::vector<std::vector<int32_t>> ids_of;
+    std::vector<cuda::CudaGraphStats> stats;
+    for (bool graphs : {true, false}) {
+      CudaRunnerOptions o = base_options;
+      o.attention_chunk = 64;
+      o.cuda_graphs = graphs;
+      auto runner = MakeCuda(model, 96, o);
+      ASSERT_TRUE(runner);
+      KvCacheManager kv(96, 16);
+      std::vector<SeqId> seqs;
+      std::vector<int32_t> len;
+      std::vector<float> all_logits;
+      std::vector<int32_t> all_ids;
+      uint32_t seed = 100;
+      for (int32_t n : {5, 40, 61}) {  // prompts, as prompt passes (eager: not batch-invariant)
+        const SeqId s = kv.AddSequence();
+        ASSERT_TRUE(kv.Reserve(s, n).ok());
+        ForwardBatch pb;
+        std::vector<int32_t> pos(static_cast<size_t>(n));
+        std::iota(pos.begin(), pos.end(), 0);
+        pb.AddSequence(s, SomeTokens(n, vocab, seed++), pos, 0, nullptr);
+        pb.batch_invariant = false;
+        ASSERT_TRUE(runner->Forward(pb, kv, {}).ok());
+        seqs.push_back(s);
+        len.push_back(n);
+      }
+      const std::vector<int32_t> parents = {-1, 0, 0, 1};
+      const TreeMask mask = TreeMask::FromParents(parents);
+      for (int32_t t = 0; t < steps; ++t) {
+        ForwardBatch b;
+        const bool tree = t % 4 == 3;
+        for (size_t i = 0; i < (tree ? 2 : seqs.size()); ++i) {
+          const int32_t n = tree ? 4 : 1;
+          ASSERT_TRUE(kv.Reserve(seqs[i], len[i] + n).ok());
+          const std::vector<int32_t> pos =
+              tree ? std::vector<int32_t>{len[i], len[i] + 1, len[i] + 1, len[i] + 2}
+                   : std::vector<int32_t>{len[i]};
+          b.AddSequence(seqs[i], SomeTokens(n, vocab, seed++), pos, len[i], tree ? &mask : nullptr);
+        }
+        std::vector<float> logits;
+        if (tree || t % 2 == 0) {
+          b.logit_rows = AllRows(b.size());
+          logits.resize(static_cast<size_t>(b.size()) * vocab);
+          ASSERT_TRUE(runner->Forward(b, kv, logits).ok()) << "step " << t;
+        } else {
+          b.argmax_rows = AllRows(b.size());
+          std::vector<int32_t> ids(static_cast<size_t>(b.size()));
+          ASSERT_TRUE(runner->ForwardArgmax(b, kv, {}, ids).ok()) << "step " << t;
+          all_ids.insert(all_ids.end(), ids.begin(), ids.end());
+        }
+        all_logits.insert(all_logits.end(), logits.begin(), logits.end());
+        for (size_t i = 0; i < seqs.size(); ++i) {
+          if (tree && i < 2) {
+            kv.Truncate(seqs[i], len[i] + 1);  // keep the root: it was this step's token
+            ++len[i];
+          } else if (!tree) {
+            ++len[i];
+          }
+        }
+      }
+      logits_of.push_back(std::move(all_logits));
+      ids_of.push_back(std::move(all_ids));
+      stats.push_back(runner->graph_stats());
+    }
+    const std::string what = model->config().ToString();
+    EXPECT_ALL_CLOSE(logits_of[0], logits_of[1], 0.0, 0.0, "graph vs eager logits, " + what);
+    EXPECT_EQ(ids_of[0], ids_of[1]) << what;
+    const cuda::CudaGraphStats& g = stats[0];
+    EXPECT_FALSE(g.disabled);
+    EXPECT_GE(g.captured, 3) << what;  // decode shapes across chunks, and the tree's
+    EXPECT_GE(g.replayed, steps / 4) << what;
+    EXPECT_EQ(g.evicted, std::max<int64_t>(0, g.captured - base_options.max_graphs)) << what;
+    EXPECT_EQ(g.replayed + g.eager, steps + 3) << what;
+    EXPECT_EQ(stats[1].captured, 0);
+    EXPECT_EQ(stats[1].replayed, 0);
+  }
+}
+
 // Argmax rows (ForwardArgmax) found on the GPU: the Argmax of the same rows' logits, beside
 // logits rows; 141 argmax rows run in two classifier chunks of at most 128.
 TEST(CudaRunner, ArgmaxRowsAreFoundOnTheGpu) {
@@ -228,13 +335,16 @@ TEST(CudaRunner, ArgmaxRowsAreFoundOnTheGpu) {
   testing::ExpectArgmaxRowsMatchLogits(*gpu, kv, SomeTokens(140, model->config().vocab_size, 9));
 }
 
-std::unique_ptr<Engine> StoriesEngine(const std::string& backend) {
+std::unique_ptr<Engine> StoriesEngine(const std::string& backend, bool cuda_graphs = true,
+                                      SpecBudgetMode budget = SpecBudgetMode::kAuto) {
   cuda::RegisterCudaBackend();
   EngineOptions o;
   o.model_path = testing::Stories260KModel();
   o.tokenizer_path = testing::Stories260KTokenizer();
   o.num_threads = 2;
   o.backend = backend;
+  o.cuda_graphs = cuda_graphs;
+  o.spec_budget = budget;
   auto e = Engine::Create(o);
   EXPECT_TRUE(e.ok()) << e.status().ToString();
   return e.ok() ? std::move(e).value() : nullptr;
@@ -295,6 +405,38 @@ TEST(CudaRunner, SpeculativeGenerationEqualsIncrementalOnGpu) {
     }
   }
   EXPECT_EQ(gpu->kv().used_blocks(), 0);
+}
+
+// The engine's decode and tree passes replay graphs, and --enforce-eager (cuda_graphs false)
+// launches them kernel by kernel: sampled speculative generation with the same seed gives the
+// same tokens either way.
+TEST(CudaRunner, EnforceEagerSamplesTheSameTokens) {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<cuda::CudaGraphStats> stats;
+  for (bool graphs : {true, false}) {
+    // Full trees every step: the adaptive budget's depths follow measured times, and with them
+    // how many random draws a step takes.
+    auto engine = StoriesEngine("cuda", graphs, SpecBudgetMode::kStatic);
+    ASSERT_TRUE(engine);
+    GenerateRequest req;
+    req.prompt_tokens = *engine->EncodePrompt("Once upon a time");
+    req.max_new_tokens = testing::kEmulated ? 32 : 120;
+    req.sampling.temperature = 0.8f;
+    req.sampling.top_p = 0.9f;
+    req.sampling.seed = 7;
+    req.tree_shape = *TreeShape::Parse("2,1,1");
+    req.speculators = {*engine->GetSpeculator("ngram")};
+    auto r = engine->Generate(req);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    tokens.push_back(r->tokens);
+    auto* cuda_runner = dynamic_cast<CudaModelRunner*>(&engine->runner());
+    ASSERT_NE(cuda_runner, nullptr);
+    stats.push_back(cuda_runner->graph_stats());
+  }
+  EXPECT_EQ(tokens[0], tokens[1]);
+  EXPECT_GT(stats[0].replayed, 0);
+  EXPECT_EQ(stats[1].replayed, 0);
+  EXPECT_EQ(stats[1].captured, 0);
 }
 
 // --draft-backend cuda: model and layers drafts get their runners from the registry like the

@@ -14,6 +14,7 @@ void RegisterCudaBackend() {
     co.device = o.device;
     co.num_kv_blocks = o.num_kv_blocks;
     co.kv_block_size = o.kv_block_size;
+    co.cuda_graphs = o.cuda_graphs;
     SI_ASSIGN_OR_RETURN(auto r, CudaModelRunner::Create(std::move(model), co));
     return std::unique_ptr<ModelRunner>(std::move(r));
   };

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <unordered_set>
 
 #include "backend/cuda/cuda_device.h"
@@ -178,7 +180,18 @@ struct CudaModelRunner::Impl {
   // landing buffer.
   float *att_full = nullptr, *part = nullptr, *ffn_full = nullptr, *gathered = nullptr;
 
+  // CUDA graphs of batch-invariant pass shapes (CudaRunnerOptions::cuda_graphs), by shape key.
+  struct GraphEntry {
+    cudaGraphExec_t exec = nullptr;
+    int64_t last_use = 0;
+  };
+  std::map<std::vector<int64_t>, GraphEntry> graphs;
+  std::map<std::vector<int64_t>, int32_t> shapes_seen;  // shapes without a graph: times run
+  int64_t graph_clock = 0;
+  CudaGraphStats graph_stats;
+
   ~Impl() {
+    for (auto& [key, g] : graphs) cudaGraphExecDestroy(g.exec);
     if (cublas) cublasDestroy(cublas);
     if (stream) cudaStreamDestroy(stream);
   }
@@ -221,7 +234,67 @@ struct CudaModelRunner::Impl {
   Status RunPiece(const ForwardBatch& batch, std::span<const std::span<const int32_t>> tables,
                   int32_t g0, int32_t g1, std::span<float> logits_out,
                   std::span<ArgmaxShare> argmax_out);
+  // The graph of pass shape `key`: cached; captured from `program` (which then issues its work
+  // into the graph instead of running it) the second time the shape comes; null the first time,
+  // or when graphs are off or a capture failed (graphs are then turned off): run it eagerly.
+  cudaGraphExec_t GraphFor(const std::vector<int64_t>& key, const std::function<Status()>& program);
+  void DisableGraphs(const std::string& why);
 };
+
+void CudaModelRunner::Impl::DisableGraphs(const std::string& why) {
+  spdlog::warn("CUDA graphs turned off for {}: {}; passes run kernel by kernel", device_name, why);
+  graph_stats.disabled = true;
+  for (auto& [key, g] : graphs) cudaGraphExecDestroy(g.exec);
+  graphs.clear();
+  shapes_seen.clear();
+  cudaGetLastError();  // a failed capture's error is not the next pass's
+}
+
+cudaGraphExec_t CudaModelRunner::Impl::GraphFor(const std::vector<int64_t>& key,
+                                                const std::function<Status()>& program) {
+  if (!opt.cuda_graphs || graph_stats.disabled || opt.max_graphs <= 0) return nullptr;
+  ++graph_clock;
+  if (auto it = graphs.find(key); it != graphs.end()) {
+    it->second.last_use = graph_clock;
+    return it->second.exec;
+  }
+  // A shape seen once runs eagerly (one-off shapes are not worth a capture, and its first run
+  // sets up what kernels initialise lazily); the second time it is captured.
+  if (shapes_seen.size() > 4096) shapes_seen.clear();
+  if (++shapes_seen[key] < 2) return nullptr;
+  shapes_seen.erase(key);
+
+  if (cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+      e != cudaSuccess) {
+    DisableGraphs(std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(e));
+    return nullptr;
+  }
+  const Status issued = program();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  cudaGraphExec_t exec = nullptr;
+  cudaError_t made = cudaErrorUnknown;
+  if (issued.ok() && ended == cudaSuccess) made = cudaGraphInstantiate(&exec, graph, 0);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  if (!issued.ok() || ended != cudaSuccess || made != cudaSuccess) {
+    DisableGraphs(!issued.ok() ? "capture: " + issued.ToString()
+                  : ended != cudaSuccess
+                      ? std::string("cudaStreamEndCapture: ") + cudaGetErrorString(ended)
+                      : std::string("cudaGraphInstantiate: ") + cudaGetErrorString(made));
+    return nullptr;
+  }
+  if (static_cast<int32_t>(graphs.size()) >= opt.max_graphs) {
+    auto oldest = graphs.begin();
+    for (auto it = graphs.begin(); it != graphs.end(); ++it)
+      if (it->second.last_use < oldest->second.last_use) oldest = it;
+    cudaGraphExecDestroy(oldest->second.exec);
+    graphs.erase(oldest);
+    ++graph_stats.evicted;
+  }
+  graphs[key] = GraphEntry{exec, graph_clock};
+  ++graph_stats.captured;
+  return exec;
+}
 
 namespace {
 
@@ -742,53 +815,71 @@ struct PieceOps {
   // Final norm and classifier for the wanted rows (this rank's vocabulary rows), logit_chunk rows
   // at a time: the logits rows' come back; the argmax rows' (d_lrows after the logits rows')
   // stay on the GPU, which finds their argmax and sends only it. Before the last stage, x goes
-  // on to the next one instead.
+  // on to the next one instead. With `deferred` (a pass captured into a graph: one chunk at
+  // most), the chunk's rows are copied to the host but left there for Collect after the pass.
   Status Output() {
     if (im.layout.stage + 1 < im.layout.num_stages)
       return im.group->SendToNextStage(im.x, static_cast<size_t>(np) * c.dim, im.stream);
-    const int64_t vocab = im.vocab_range.count;
-    const size_t chunk = static_cast<size_t>(im.logit_chunk);
+    for (size_t r0 = 0, r1 = 0; r0 < total_rows(); r0 = r1) {
+      r1 = ChunkEnd(r0);
+      SI_RETURN_IF_ERROR(Classify(r0, r1));
+      if (!deferred) SI_RETURN_IF_ERROR(Collect(r0, r1));
+    }
+    return Status::Ok();
+  }
+  size_t total_rows() const { return logit_local.size() + argmax_index.size(); }
+  // A chunk holds logits rows or argmax rows, not both.
+  size_t ChunkEnd(size_t r0) const {
     const size_t num_logits = logit_local.size();
-    const size_t total = num_logits + argmax_index.size();
-    for (size_t r0 = 0, r1 = 0; r0 < total; r0 = r1) {
-      // A chunk holds logits rows or argmax rows, not both.
-      r1 = std::min(r0 + chunk, r0 < num_logits ? num_logits : total);
-      const int32_t m = static_cast<int32_t>(r1 - r0);
-      SI_RETURN_IF_ERROR(Check(kernels::LaunchRmsNormRows(im.x, d_lrows + r0, im.final_norm, im.fin,
-                                                          m, static_cast<int>(c.dim), c.norm_eps,
-                                                          im.stream),
-                               "final norm"));
-      SI_RETURN_IF_ERROR(im.Matmul(im.output, im.fin, m, im.logits, 0.0f,
-                                   use_cublas && m >= im.opt.cublas_min_tokens));
-      if (r0 >= num_logits) {
-        SI_RETURN_IF_ERROR(Check(kernels::LaunchArgmax(im.logits, m, static_cast<int32_t>(vocab),
-                                                       im.argmax_ids, im.stream, im.argmax_values),
-                                 "argmax"));
-        int32_t* ids = im.logits_host.get<int32_t>();
-        float* values = im.logits_host.get<float>() + m;
-        SI_RETURN_IF_ERROR(Check(cudaMemcpyAsync(ids, im.argmax_ids, static_cast<size_t>(m) * 4,
-                                                 cudaMemcpyDeviceToHost, im.stream),
-                                 "argmax download"));
-        SI_RETURN_IF_ERROR(
-            Check(cudaMemcpyAsync(values, im.argmax_values, static_cast<size_t>(m) * 4,
-                                  cudaMemcpyDeviceToHost, im.stream),
-                  "argmax download"));
-        SI_RETURN_IF_ERROR(im.Wait("forward pass"));
-        for (int32_t i = 0; i < m; ++i)
-          argmax_out[static_cast<size_t>(argmax_index[r0 - num_logits + i])] =
-              ArgmaxShare{values[i], static_cast<int32_t>(im.vocab_range.begin) + ids[i]};
-        continue;
-      }
-      SI_RETURN_IF_ERROR(
-          Check(cudaMemcpyAsync(im.logits_host.get(), im.logits, static_cast<size_t>(m * vocab) * 4,
-                                cudaMemcpyDeviceToHost, im.stream),
-                "logits download"));
-      SI_RETURN_IF_ERROR(im.Wait("forward pass"));
+    return std::min(r0 + static_cast<size_t>(im.logit_chunk),
+                    r0 < num_logits ? num_logits : total_rows());
+  }
+  // Whether the wanted rows take at most one classifier chunk (a pass a graph can hold whole).
+  bool OneChunk() const { return total_rows() == 0 || ChunkEnd(0) == total_rows(); }
+  // Rows [r0, r1) on the device: norm, classifier, argmax for argmax rows; copied to the host.
+  Status Classify(size_t r0, size_t r1) {
+    const int64_t vocab = im.vocab_range.count;
+    const int32_t m = static_cast<int32_t>(r1 - r0);
+    SI_RETURN_IF_ERROR(
+        Check(kernels::LaunchRmsNormRows(im.x, d_lrows + r0, im.final_norm, im.fin, m,
+                                         static_cast<int>(c.dim), c.norm_eps, im.stream),
+              "final norm"));
+    SI_RETURN_IF_ERROR(im.Matmul(im.output, im.fin, m, im.logits, 0.0f,
+                                 use_cublas && m >= im.opt.cublas_min_tokens));
+    if (r0 < logit_local.size())
+      return Check(
+          cudaMemcpyAsync(im.logits_host.get(), im.logits, static_cast<size_t>(m * vocab) * 4,
+                          cudaMemcpyDeviceToHost, im.stream),
+          "logits download");
+    SI_RETURN_IF_ERROR(Check(kernels::LaunchArgmax(im.logits, m, static_cast<int32_t>(vocab),
+                                                   im.argmax_ids, im.stream, im.argmax_values),
+                             "argmax"));
+    SI_RETURN_IF_ERROR(
+        Check(cudaMemcpyAsync(im.logits_host.get<int32_t>(), im.argmax_ids,
+                              static_cast<size_t>(m) * 4, cudaMemcpyDeviceToHost, im.stream),
+              "argmax download"));
+    return Check(cudaMemcpyAsync(im.logits_host.get<float>() + m, im.argmax_values,
+                                 static_cast<size_t>(m) * 4, cudaMemcpyDeviceToHost, im.stream),
+                 "argmax download");
+  }
+  // Waits for rows [r0, r1) to reach the host and hands them out.
+  Status Collect(size_t r0, size_t r1) {
+    SI_RETURN_IF_ERROR(im.Wait("forward pass"));
+    const int64_t vocab = im.vocab_range.count;
+    const size_t num_logits = logit_local.size();
+    const int32_t m = static_cast<int32_t>(r1 - r0);
+    if (r0 < num_logits) {
       for (int32_t i = 0; i < m; ++i)
         std::memcpy(logits_out.data() + static_cast<size_t>(logit_index[r0 + i]) * vocab,
                     im.logits_host.get<float>() + static_cast<size_t>(i) * vocab,
                     static_cast<size_t>(vocab) * 4);
+      return Status::Ok();
     }
+    const int32_t* ids = im.logits_host.get<int32_t>();
+    const float* values = im.logits_host.get<float>() + m;
+    for (int32_t i = 0; i < m; ++i)
+      argmax_out[static_cast<size_t>(argmax_index[r0 - num_logits + i])] =
+          ArgmaxShare{values[i], static_cast<int32_t>(im.vocab_range.begin) + ids[i]};
     return Status::Ok();
   }
 
@@ -804,6 +895,7 @@ struct PieceOps {
   const std::vector<int32_t>& argmax_index;  // this piece's argmax rows' index in argmax_rows
   const std::span<ArgmaxShare> argmax_out;
   bool use_cublas = false;
+  bool deferred = false;  // Output leaves the rows on the host for Collect
   kernels::RopeMode rope_mode = kernels::RopeMode::kHalf;
   // Device metadata of the piece: tokens, positions, KV slots [np], logit rows.
   const int32_t* d_tokens = nullptr;
@@ -909,19 +1001,23 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
     }
   }
 
+  // The metadata, laid out so that every offset but the end depends only on the pass's shape
+  // (the graph key below): the block tables, which grow with the contexts, come last.
   std::vector<uint8_t> blob;
   const int64_t tok_off = Append(blob, batch.tokens.data() + g0, static_cast<size_t>(np));
   const int64_t pos_off = Append(blob, batch.positions.data() + g0, static_cast<size_t>(np));
   const int64_t slot_off = Append(blob, slots.data(), slots.size());
-  const int64_t table_off = Append(blob, tables.data(), tables.size());
   const int64_t mask_off = Append(blob, masks.data(), masks.size());
   const int64_t req_off = Append(blob, reqs.data(), reqs.size());
   const int64_t work_off = Append(blob, ap.work.data(), ap.work.size());
   const int64_t treq_off = Append(blob, ap.token_request.data(), ap.token_request.size());
   const int64_t lrow_off = Append(blob, lrows.data(), lrows.size());
+  const int64_t table_off = Append(blob, tables.data(), tables.size());
   const int64_t bytes = static_cast<int64_t>(blob.size());
-  SI_RETURN_IF_ERROR(meta_host.Reserve(bytes, "pass metadata"));
-  SI_RETURN_IF_ERROR(meta.Reserve(bytes, "pass metadata"));
+  // Grown with room to spare: a new address is a new graph key.
+  SI_RETURN_IF_ERROR(
+      meta_host.Reserve(bytes <= meta_host.bytes() ? bytes : 2 * bytes, "pass metadata"));
+  SI_RETURN_IF_ERROR(meta.Reserve(bytes <= meta.bytes() ? bytes : 2 * bytes, "pass metadata"));
   std::memcpy(meta_host.get(), blob.data(), blob.size());
   SI_RETURN_IF_ERROR(CudaStatus(
       cudaMemcpyAsync(meta.get(), meta_host.get(), blob.size(), cudaMemcpyHostToDevice, stream),
@@ -955,7 +1051,36 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
   ap_params.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   ap_params.any_split = ap.any_split;
 
-  SI_RETURN_IF_ERROR(RunLlamaProgram(ops, static_cast<int32_t>(layer_range.count)));
+  const auto program = [&] {
+    return RunLlamaProgram(ops, static_cast<int32_t>(layer_range.count));
+  };
+  // A graph holds a batch-invariant pass of the whole model whose rows fit one classifier chunk;
+  // its key is everything the pass's launches take by value (the rest is in `meta`).
+  cudaGraphExec_t graph = nullptr;
+  if (batch.batch_invariant && !sharded() && !ops.use_cublas && ops.OneChunk()) {
+    const std::vector<int64_t> key = {np,
+                                      static_cast<int64_t>(reqs.size()),
+                                      static_cast<int64_t>(masks.size()),
+                                      static_cast<int64_t>(ap.work.size()),
+                                      ap.kv_chunk,
+                                      ap.max_window,
+                                      ap.rows_per_item,
+                                      ap.any_split,
+                                      static_cast<int64_t>(logit_local.size()),
+                                      static_cast<int64_t>(argmax_index.size()),
+                                      reinterpret_cast<intptr_t>(md),
+                                      reinterpret_cast<intptr_t>(logits_host.get())};
+    ops.deferred = true;
+    graph = GraphFor(key, program);
+  }
+  if (graph != nullptr) {
+    SI_RETURN_IF_ERROR(CudaStatus(cudaGraphLaunch(graph, stream), "graph launch"));
+    ++graph_stats.replayed;
+  } else {
+    SI_RETURN_IF_ERROR(program());
+    ++graph_stats.eager;
+  }
+  if (ops.deferred && ops.total_rows() > 0) SI_RETURN_IF_ERROR(ops.Collect(0, ops.total_rows()));
   // The pinned metadata is reused by the next piece: wait until this one has run.
   return Wait("forward pass");
 }
@@ -988,6 +1113,15 @@ std::string CudaModelRunner::name() const { return "cuda:" + std::to_string(impl
 int32_t CudaModelRunner::num_kv_blocks() const { return impl_->opt.num_kv_blocks; }
 int32_t CudaModelRunner::kv_block_size() const { return impl_->opt.kv_block_size; }
 const CudaMemoryPlan& CudaModelRunner::memory_plan() const { return impl_->plan; }
+CudaGraphStats CudaModelRunner::graph_stats() const { return impl_->graph_stats; }
+void CudaModelRunner::SetCudaGraphs(bool on) {
+  Impl& im = *impl_;
+  im.opt.cuda_graphs = on;
+  if (on) return;
+  for (auto& [key, g] : im.graphs) cudaGraphExecDestroy(g.exec);
+  im.graphs.clear();
+  im.shapes_seen.clear();
+}
 
 Status CudaModelRunner::Synchronize() {
   return CudaStatus(cudaStreamSynchronize(impl_->stream), "synchronize");

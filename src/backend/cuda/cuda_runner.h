@@ -36,14 +36,22 @@
 //     (pieces line up).
 //   - greedy rows' argmax on the device (ForwardArgmax: ForwardBatch::argmax_rows): the
 //     classifier's output stays on the GPU and only token ids come back.
-// Not done: CUDA graphs (a pass is a few dozen launches per layer on one stream),
-// Q5_0/Q5_1, sampled rows' distributions on the device (logits rows are copied back; the
-// device sampling kernel is in kernels/sampling.cuh).
-// Numerics against the CPU backend (float32 weights and KV): products and attention differ only
-// in summation order (relative differences ~1e-6 on logits), RoPE tables are the CPU's. Within
-// the GPU, batch-invariant passes are bit-exact: a token's logits do not depend on its batch, and
-// a tree node's equal those of decoding its path token by token (kernels/linear.cuh,
-// kernels/tree_attention.cuh), so speculative greedy output equals incremental output.
+//   - CUDA graphs (CudaRunnerOptions::cuda_graphs): a batch-invariant pass of the whole model
+//     (1 x 1 layout) whose wanted rows fit one classifier chunk is captured into a graph the
+//     second time its shape comes, and later passes of that shape only upload their metadata
+//     (tokens, positions, slots, masks, block tables: a fixed layout per shape) and launch the
+//     graph. A shape is everything a launch takes by value: tokens, sequences, mask words,
+//     attention work items and chunking, rows wanted. Decode at a given batch size keeps one
+//     graph while the contexts grow (the work items change only every attention chunk), a fixed
+//     tree shape one more. A failed capture turns graphs off for the runner (warning logged).
+// Not done: graphs for TP x PP shares (collectives are not captured), Q5_0/Q5_1, sampled rows'
+// distributions on the device (logits rows are copied back; the device sampling kernel is in
+// kernels/sampling.cuh). Numerics against the CPU backend (float32 weights and KV): products and
+// attention differ only in summation order (relative differences ~1e-6 on logits), RoPE tables are
+// the CPU's. Within the GPU, batch-invariant passes are bit-exact: a token's logits do not depend
+// on its batch, and a tree node's equal those of decoding its path token by token
+// (kernels/linear.cuh, kernels/tree_attention.cuh), so speculative greedy output equals incremental
+// output.
 //
 // Thread safety: one Forward/MoveKv at a time (the engine's step loop), as the CPU runner.
 // This header has no CUDA types; it exists only in builds with SPECINFER_WITH_CUDA.
@@ -81,6 +89,20 @@ struct CudaRunnerOptions {
   // SetCollective gives it one). 1 x 1: the whole model, no collective.
   CollectiveLayout layout;
   std::shared_ptr<DeviceCollective> collective;
+  // CUDA graphs: a batch-invariant pass (decode, token-tree verification) of a shape seen before
+  // is replayed from a graph captured the second time that shape came (one launch instead of a
+  // few hundred); false: every pass is launched kernel by kernel (vLLM's --enforce-eager).
+  bool cuda_graphs = true;
+  int32_t max_graphs = 64;  // graphs kept, least recently used dropped first
+};
+
+// What the graph cache did (CudaModelRunner::graph_stats).
+struct CudaGraphStats {
+  int64_t captured = 0;   // graphs captured and instantiated
+  int64_t replayed = 0;   // passes (pieces) run by launching a graph
+  int64_t eager = 0;      // passes (pieces) launched kernel by kernel
+  int64_t evicted = 0;    // graphs dropped for newer ones
+  bool disabled = false;  // a capture or instantiation failed: graphs were turned off
 };
 
 // Device memory the runner holds, in bytes.
@@ -145,6 +167,10 @@ class CudaModelRunner final : public ModelRunner {
   int32_t kv_block_size() const override;
 
   const CudaMemoryPlan& memory_plan() const;
+  CudaGraphStats graph_stats() const;
+  // Turns graph replay on or off from the next pass (benchmarks time both on one runner); off
+  // drops the graphs held. Not while a pass runs.
+  void SetCudaGraphs(bool on);
   // Waits for the GPU and returns the first asynchronous error, if any (benchmarks use it to
   // time passes).
   Status Synchronize();
