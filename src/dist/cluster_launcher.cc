@@ -14,6 +14,7 @@
 #include <csignal>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "common/stop_signal.h"
@@ -84,10 +85,19 @@ struct Child {
   bool alive = false;
 };
 
-// Starts `self_exe worker ...` for `slot` and waits (up to `timeout`) for its listening line.
-StatusOr<Child> Spawn(const std::string& self_exe, const std::string& config_path,
-                      const WorkerSlot& slot, int port, const ClusterOverrides& ov,
-                      std::chrono::seconds timeout) {
+// A worker process started but not yet listening: its stdout pipe and what it wrote so far.
+struct Starting {
+  Child child;
+  int fd = -1;
+  std::string line;
+  std::chrono::seconds timeout;
+  Clock::time_point deadline;
+};
+
+// Starts `self_exe worker ...` for `slot`; it must say it listens before `timeout` passes.
+StatusOr<Starting> StartChild(const std::string& self_exe, const std::string& config_path,
+                              const WorkerSlot& slot, int port, const ClusterOverrides& ov,
+                              std::chrono::seconds timeout) {
   std::vector<std::string> args = {self_exe,
                                    "--log-level",
                                    LogLevelName(),
@@ -133,58 +143,79 @@ StatusOr<Child> Spawn(const std::string& self_exe, const std::string& config_pat
     _exit(127);
   }
   close(fds[1]);
-  Child child{slot, pid, 0, true};
-  std::string line;
-  const auto deadline = Clock::now() + timeout;
+  return Starting{Child{slot, pid, 0, true}, fds[0], "", timeout, Clock::now() + timeout};
+}
+
+// Reads what a starting child wrote, waiting up to `wait_ms`: true once it says it listens
+// (child.port resolved; the pipe is closed), false while it has not yet. An error when it exited
+// or its deadline passed (it is then killed and reaped, and the pipe closed).
+StatusOr<bool> PollListening(Starting& s, int wait_ms) {
+  const WorkerSlot& slot = s.child.slot;
   Status error;
+  bool listening = false;
   for (;;) {
     const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+        std::chrono::duration_cast<std::chrono::milliseconds>(s.deadline - Clock::now()).count();
     if (left <= 0) {
       error = UnavailableError(slot.label + ": not listening after " +
-                                    std::to_string(timeout.count()) + " s");
+                               std::to_string(s.timeout.count()) + " s");
       break;
     }
-    pollfd p{fds[0], POLLIN, 0};
-    const int r = poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
+    pollfd p{s.fd, POLLIN, 0};
+    const int r = poll(&p, 1, static_cast<int>(std::min<int64_t>(left, wait_ms)));
     if (r < 0 && errno != EINTR) {
       error = InternalError("poll failed");
       break;
     }
-    if (r <= 0) continue;
+    if (r == 0) return false;
+    if (r < 0) continue;
     char ch;
-    const ssize_t got = read(fds[0], &ch, 1);
+    const ssize_t got = read(s.fd, &ch, 1);
     if (got <= 0) {
       int status = 0;
-      waitpid(pid, &status, 0);
-      child.alive = false;
-      error = UnavailableError(slot.label + " (pid " + std::to_string(pid) + ") " +
+      waitpid(s.child.pid, &status, 0);
+      s.child.alive = false;
+      error = UnavailableError(slot.label + " (pid " + std::to_string(s.child.pid) + ") " +
                                ExitDescription(status) + " before listening");
       break;
     }
     if (ch != '\n') {
-      line += ch;
+      s.line += ch;
       continue;
     }
     // "worker LABEL listening ADDRESS:PORT pid=PID"
-    const size_t at = line.find(" listening ");
-    const size_t colon = line.rfind(':', line.find(" pid="));
+    const size_t at = s.line.find(" listening ");
+    const size_t colon = s.line.rfind(':', s.line.find(" pid="));
     if (at == std::string::npos || colon == std::string::npos) {
-      line.clear();
+      s.line.clear();
       continue;
     }
-    child.port = std::atoi(line.c_str() + colon + 1);
+    s.child.port = std::atoi(s.line.c_str() + colon + 1);
+    listening = true;
     break;
   }
-  close(fds[0]);
+  close(s.fd);
+  s.fd = -1;
   if (!error.ok()) {
-    if (child.alive) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
+    if (s.child.alive) {
+      kill(s.child.pid, SIGKILL);
+      waitpid(s.child.pid, nullptr, 0);
+      s.child.alive = false;
     }
     return error;
   }
-  return child;
+  return listening;
+}
+
+// Starts `self_exe worker ...` for `slot` and waits (up to `timeout`) for its listening line.
+StatusOr<Child> Spawn(const std::string& self_exe, const std::string& config_path,
+                      const WorkerSlot& slot, int port, const ClusterOverrides& ov,
+                      std::chrono::seconds timeout) {
+  SI_ASSIGN_OR_RETURN(Starting s, StartChild(self_exe, config_path, slot, port, ov, timeout));
+  for (;;) {
+    SI_ASSIGN_OR_RETURN(const bool listening, PollListening(s, 1000));
+    if (listening) return s.child;
+  }
 }
 
 class ChildSet {
@@ -256,11 +287,24 @@ class ChildSet {
     }
   }
 
+  // A dead worker being restarted: its slot in children_, tries so far, when the next may start,
+  // and the process now starting, if any.
+  struct Restart {
+    size_t index = 0;
+    Child old;
+    int attempts = 0;
+    Clock::time_point next_try;
+    std::optional<Starting> starting;
+  };
+
+  // Every 100 ms: reaps workers that died and moves their restarts on, each without waiting for
+  // the others (a worker slow to load its model does not delay noticing or restarting another).
   void Monitor() {
+    constexpr int kMaxAttempts = 20;
+    std::vector<Restart> restarts;
     while (!done_) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       if (stopping_) continue;  // StopAll reaps and reports the children from now on
-      std::vector<size_t> dead;
       {
         std::lock_guard<std::mutex> lock(mu_);
         for (size_t i = 0; i < children_.size(); ++i) {
@@ -272,32 +316,60 @@ class ChildSet {
             spdlog::error("{} {}:{} (pid {}) {}{}", c.slot.label, c.slot.endpoint.address, c.port,
                           c.pid, ExitDescription(status),
                           restart_ ? "; restarting it on the same port" : "");
-            dead.push_back(i);
+            if (restart_) restarts.push_back(Restart{i, c, 0, Clock::now(), std::nullopt});
           }
         }
       }
-      if (!restart_) continue;
-      for (size_t i : dead) {
-        Child old;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          old = children_[i];
-        }
-        for (int attempt = 0; attempt < 20 && !stopping_; ++attempt) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(300));
-          auto c = Spawn(self_exe_, config_path_, old.slot, old.port, ov_,
-                         std::chrono::seconds(300));
-          if (c.ok()) {
-            spdlog::warn("{} {}:{} restarted (pid {})", old.slot.label, old.slot.endpoint.address,
-                         c->port, c->pid);
-            std::lock_guard<std::mutex> lock(mu_);
-            children_[i] = *c;
-            break;
+      for (auto it = restarts.begin(); it != restarts.end() && !stopping_;) {
+        Restart& r = *it;
+        if (!r.starting) {
+          if (Clock::now() < r.next_try + std::chrono::milliseconds(300)) {
+            ++it;
+            continue;
           }
-          spdlog::error("{}: restart failed: {}", old.slot.label, c.status().ToString());
+          ++r.attempts;
+          auto started = StartChild(self_exe_, config_path_, r.old.slot, r.old.port, ov_,
+                                    std::chrono::seconds(300));
+          if (started.ok()) {
+            r.starting = std::move(started).value();
+          } else {
+            spdlog::error("{}: restart failed: {}", r.old.slot.label, started.status().ToString());
+            r.next_try = Clock::now();
+          }
         }
+        if (r.starting) {
+          StatusOr<bool> listening = PollListening(*r.starting, 0);
+          if (listening.ok() && *listening) {
+            const Child& c = r.starting->child;
+            spdlog::warn("{} {}:{} restarted (pid {})", c.slot.label, c.slot.endpoint.address,
+                         c.port, c.pid);
+            std::lock_guard<std::mutex> lock(mu_);
+            children_[r.index] = c;
+            it = restarts.erase(it);
+            continue;
+          }
+          if (!listening.ok()) {
+            spdlog::error("{}: restart failed: {}", r.old.slot.label,
+                          listening.status().ToString());
+            r.starting.reset();
+            r.next_try = Clock::now();
+          }
+        }
+        if (!r.starting && r.attempts >= kMaxAttempts) {
+          spdlog::error("{}: giving up after {} restarts", r.old.slot.label, r.attempts);
+          it = restarts.erase(it);
+          continue;
+        }
+        ++it;
       }
     }
+    // Workers still starting when the launcher stops: StopAll stops them with the others.
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Restart& r : restarts)
+      if (r.starting) {
+        close(r.starting->fd);
+        children_[r.index] = r.starting->child;
+      }
   }
 
   const std::string self_exe_, config_path_;

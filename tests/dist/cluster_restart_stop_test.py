@@ -121,6 +121,15 @@ restart_workers: true
         check(wait_for(lambda: completion(port) == 200, 60),
               "requests succeed again after the restarts")
 
+        # The manager takes the restarted SSM worker back (its health check registers it again;
+        # until then it has nothing to drain there).
+        def ssm_registered_again():
+            with open(log_path) as f:
+                return len(re.findall(r"ssm\[0\] \S+: registered", f.read())) >= 2
+
+        check(wait_for(ssm_registered_again, 60),
+              "the manager registered the restarted SSM worker again")
+
         # A slow drain: the restarted SSM worker is held stopped for a second when the stop
         # comes, so the manager's Drain call to it waits. Far longer than the launcher monitor's
         # poll period, the window in which the regression struck (it ended the forking thread,
