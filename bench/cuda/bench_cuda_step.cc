@@ -11,11 +11,11 @@
 // tokens per second, with graphs and eager (scripts/bench_cuda_vs_torch.py compares the graph
 // figure with Hugging Face transformers).
 //
-//   bench_cuda_step [--preset llama2-7b] [--context 512] [--trees 1,2,4,8,16,32,64,128]
+//   bench_cuda_step [--preset llama2-7b|tiny|micro] [--context 512] [--trees 1,2,4,8,16,32,64,128]
 //                   [--iters 10] [--decode 0] [--kv f16|f32]
 //
 // Presets: llama2-7b (dim 4096, 32 layers, 32 heads, ffn 11008, vocab 32000), tiny (for a quick
-// check: dim 512, 4 layers).
+// check: dim 512, 4 layers), micro (dim 256, 2 layers, vocab 2048: the CUDA emulator's smoke run).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -36,13 +36,16 @@ using Clock = std::chrono::steady_clock;
 
 ModelConfig Preset(const std::string& name) {
   ModelConfig c;
+  c.vocab_size = 32000;
   if (name == "tiny") {
     c.dim = 512, c.hidden_dim = 1376, c.n_layers = 4, c.n_heads = 8, c.n_kv_heads = 8;
+  } else if (name == "micro") {
+    c.dim = 256, c.hidden_dim = 688, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 4;
+    c.vocab_size = 2048;
   } else {
     c.dim = 4096, c.hidden_dim = 11008, c.n_layers = 32, c.n_heads = 32, c.n_kv_heads = 32;
   }
   c.head_dim = c.dim / c.n_heads;
-  c.vocab_size = 32000;
   c.max_seq_len = 4096;
   c.rope_style = RopeStyle::kHalf;
   c.tied_output = false;
@@ -63,7 +66,7 @@ int main(int argc, char** argv) {
   int32_t context = 512, iters = 10, decode = 0;
   std::vector<int32_t> trees = {1, 2, 4, 8, 16, 32, 64, 128};
   CLI::App app{"One LLM step on the GPU vs token-tree size (random fp16 Llama-2-7B shape)"};
-  app.add_option("--preset", preset)->check(CLI::IsMember({"llama2-7b", "tiny"}));
+  app.add_option("--preset", preset)->check(CLI::IsMember({"llama2-7b", "tiny", "micro"}));
   app.add_option("--context", context, "committed tokens before the tree (the prompt)");
   app.add_option("--trees", trees)->delimiter(',');
   app.add_option("--iters", iters);
