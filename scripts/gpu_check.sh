@@ -7,7 +7,8 @@
 #                                    cuda_tests alone in a scripts/gpu_bundle.sh bundle)
 #   scripts/gpu_check.sh attention   tree-attention kernel, trees 8-128, contexts 512-8192, batch 1-32
 #   scripts/gpu_check.sh step        one step of a random fp16 Llama-2-7B shape by tree size 1-128,
-#                                    then decode tokens/s
+#                                    then decode tokens/s, each launched kernel by kernel and
+#                                    replayed from a CUDA graph
 #   scripts/gpu_check.sh torch       the same beside PyTorch SDPA and HF transformers (needs torch,
 #                                    transformers)
 #   scripts/gpu_check.sh cluster     configs/single-gpu.yaml (an LLM worker process on GPU 0) serving
