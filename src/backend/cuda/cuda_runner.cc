@@ -635,8 +635,10 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   // Metadata for a typical pass; grows if a pass needs more.
   SI_RETURN_IF_ERROR(meta.Reserve(int64_t{64} << 10, "pass metadata"));
   SI_RETURN_IF_ERROR(meta_host.Reserve(int64_t{64} << 10, "pass metadata"));
+  // A chunk of logits rows, then a chunk of argmax rows' ids and maxima (apart, so that a pass
+  // replayed from a graph can bring back one chunk of each before its rows are handed out).
   SI_RETURN_IF_ERROR(logits_host.Reserve(
-      4 * int64_t{logit_chunk} * std::max<int64_t>(vocab_range.count, 2), "logits staging"));
+      4 * int64_t{logit_chunk} * (std::max<int64_t>(vocab_range.count, 1) + 2), "logits staging"));
   return CudaStatus(cudaStreamSynchronize(stream), "model upload");
 }
 
@@ -815,8 +817,9 @@ struct PieceOps {
   // Final norm and classifier for the wanted rows (this rank's vocabulary rows), logit_chunk rows
   // at a time: the logits rows' come back; the argmax rows' (d_lrows after the logits rows')
   // stay on the GPU, which finds their argmax and sends only it. Before the last stage, x goes
-  // on to the next one instead. With `deferred` (a pass captured into a graph: one chunk at
-  // most), the chunk's rows are copied to the host but left there for Collect after the pass.
+  // on to the next one instead. With `deferred` (a pass captured into a graph: one chunk of each
+  // kind at most), the chunks' rows are copied to the host but left there for CollectAll after
+  // the pass.
   Status Output() {
     if (im.layout.stage + 1 < im.layout.num_stages)
       return im.group->SendToNextStage(im.x, static_cast<size_t>(np) * c.dim, im.stream);
@@ -834,8 +837,26 @@ struct PieceOps {
     return std::min(r0 + static_cast<size_t>(im.logit_chunk),
                     r0 < num_logits ? num_logits : total_rows());
   }
-  // Whether the wanted rows take at most one classifier chunk (a pass a graph can hold whole).
-  bool OneChunk() const { return total_rows() == 0 || ChunkEnd(0) == total_rows(); }
+  // Whether the wanted rows take at most one classifier chunk of each kind (a pass a graph can
+  // hold whole: the host staging has room for one of each).
+  bool OneChunkEach() const {
+    const size_t chunk = static_cast<size_t>(im.logit_chunk);
+    return logit_local.size() <= chunk && argmax_index.size() <= chunk;
+  }
+  Status CollectAll() {
+    for (size_t r0 = 0, r1 = 0; r0 < total_rows(); r0 = r1) {
+      r1 = ChunkEnd(r0);
+      SI_RETURN_IF_ERROR(Collect(r0, r1));
+    }
+    return Status::Ok();
+  }
+  int32_t* argmax_ids_host() const {
+    return reinterpret_cast<int32_t*>(im.logits_host.get<float>() +
+                                      int64_t{im.logit_chunk} * im.vocab_range.count);
+  }
+  float* argmax_values_host() const {
+    return im.logits_host.get<float>() + int64_t{im.logit_chunk} * (im.vocab_range.count + 1);
+  }
   // Rows [r0, r1) on the device: norm, classifier, argmax for argmax rows; copied to the host.
   Status Classify(size_t r0, size_t r1) {
     const int64_t vocab = im.vocab_range.count;
@@ -855,11 +876,11 @@ struct PieceOps {
                                                    im.argmax_ids, im.stream, im.argmax_values),
                              "argmax"));
     SI_RETURN_IF_ERROR(
-        Check(cudaMemcpyAsync(im.logits_host.get<int32_t>(), im.argmax_ids,
-                              static_cast<size_t>(m) * 4, cudaMemcpyDeviceToHost, im.stream),
+        Check(cudaMemcpyAsync(argmax_ids_host(), im.argmax_ids, static_cast<size_t>(m) * 4,
+                              cudaMemcpyDeviceToHost, im.stream),
               "argmax download"));
-    return Check(cudaMemcpyAsync(im.logits_host.get<float>() + m, im.argmax_values,
-                                 static_cast<size_t>(m) * 4, cudaMemcpyDeviceToHost, im.stream),
+    return Check(cudaMemcpyAsync(argmax_values_host(), im.argmax_values, static_cast<size_t>(m) * 4,
+                                 cudaMemcpyDeviceToHost, im.stream),
                  "argmax download");
   }
   // Waits for rows [r0, r1) to reach the host and hands them out.
@@ -875,8 +896,8 @@ struct PieceOps {
                     static_cast<size_t>(vocab) * 4);
       return Status::Ok();
     }
-    const int32_t* ids = im.logits_host.get<int32_t>();
-    const float* values = im.logits_host.get<float>() + m;
+    const int32_t* ids = argmax_ids_host();
+    const float* values = argmax_values_host();
     for (int32_t i = 0; i < m; ++i)
       argmax_out[static_cast<size_t>(argmax_index[r0 - num_logits + i])] =
           ArgmaxShare{values[i], static_cast<int32_t>(im.vocab_range.begin) + ids[i]};
@@ -1054,10 +1075,11 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
   const auto program = [&] {
     return RunLlamaProgram(ops, static_cast<int32_t>(layer_range.count));
   };
-  // A graph holds a batch-invariant pass of the whole model whose rows fit one classifier chunk;
+  // A graph holds a batch-invariant pass of the whole model whose rows fit a classifier chunk of
+  // each kind (logits rows, argmax rows);
   // its key is everything the pass's launches take by value (the rest is in `meta`).
   cudaGraphExec_t graph = nullptr;
-  if (batch.batch_invariant && !sharded() && !ops.use_cublas && ops.OneChunk()) {
+  if (batch.batch_invariant && !sharded() && !ops.use_cublas && ops.OneChunkEach()) {
     const std::vector<int64_t> key = {np,
                                       static_cast<int64_t>(reqs.size()),
                                       static_cast<int64_t>(masks.size()),
@@ -1080,7 +1102,7 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
     SI_RETURN_IF_ERROR(program());
     ++graph_stats.eager;
   }
-  if (ops.deferred && ops.total_rows() > 0) SI_RETURN_IF_ERROR(ops.Collect(0, ops.total_rows()));
+  if (ops.deferred) SI_RETURN_IF_ERROR(ops.CollectAll());
   // The pinned metadata is reused by the next piece: wait until this one has run.
   return Wait("forward pass");
 }

@@ -37,7 +37,8 @@
 //   - greedy rows' argmax on the device (ForwardArgmax: ForwardBatch::argmax_rows): the
 //     classifier's output stays on the GPU and only token ids come back.
 //   - CUDA graphs (CudaRunnerOptions::cuda_graphs): a batch-invariant pass of the whole model
-//     (1 x 1 layout) whose wanted rows fit one classifier chunk is captured into a graph the
+//     (1 x 1 layout) whose wanted rows fit a classifier chunk of each kind (up to 128 logits rows
+//     and 128 argmax rows) is captured into a graph the
 //     second time its shape comes, and later passes of that shape only upload their metadata
 //     (tokens, positions, slots, masks, block tables: a fixed layout per shape) and launch the
 //     graph. A shape is everything a launch takes by value: tokens, sequences, mask words,
