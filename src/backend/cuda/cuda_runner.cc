@@ -1115,7 +1115,10 @@ StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   auto impl = std::make_unique<Impl>();
   impl->model = std::move(model);
   SI_RETURN_IF_ERROR(impl->Init(options, /*random=*/false, DType::kF32, 0));
-  spdlog::info("CUDA backend on {}: {}", impl->device_name, impl->plan.ToString());
+  spdlog::info("CUDA backend on {}: {}; {}", impl->device_name, impl->plan.ToString(),
+               options.cuda_graphs && options.max_graphs > 0
+                   ? "decode and tree passes replay CUDA graphs"
+                   : "CUDA graphs off (every pass launched kernel by kernel)");
   return std::unique_ptr<CudaModelRunner>(new CudaModelRunner(std::move(impl)));
 }
 
