@@ -191,7 +191,7 @@ struct CudaModelRunner::Impl {
   CudaGraphStats graph_stats;
 
   ~Impl() {
-    for (auto& [key, g] : graphs) cudaGraphExecDestroy(g.exec);
+    DropGraphs();
     if (cublas) cublasDestroy(cublas);
     if (stream) cudaStreamDestroy(stream);
   }
@@ -239,14 +239,18 @@ struct CudaModelRunner::Impl {
   // or when graphs are off or a capture failed (graphs are then turned off): run it eagerly.
   cudaGraphExec_t GraphFor(const std::vector<int64_t>& key, const std::function<Status()>& program);
   void DisableGraphs(const std::string& why);
+  // Destroys the graphs held and forgets the shapes seen.
+  void DropGraphs() {
+    for (auto& [key, g] : graphs) cudaGraphExecDestroy(g.exec);
+    graphs.clear();
+    shapes_seen.clear();
+  }
 };
 
 void CudaModelRunner::Impl::DisableGraphs(const std::string& why) {
   spdlog::warn("CUDA graphs turned off for {}: {}; passes run kernel by kernel", device_name, why);
   graph_stats.disabled = true;
-  for (auto& [key, g] : graphs) cudaGraphExecDestroy(g.exec);
-  graphs.clear();
-  shapes_seen.clear();
+  DropGraphs();
   cudaGetLastError();  // a failed capture's error is not the next pass's
 }
 
@@ -1076,8 +1080,8 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
     return RunLlamaProgram(ops, static_cast<int32_t>(layer_range.count));
   };
   // A graph holds a batch-invariant pass of the whole model whose rows fit a classifier chunk of
-  // each kind (logits rows, argmax rows);
-  // its key is everything the pass's launches take by value (the rest is in `meta`).
+  // each kind (logits rows, argmax rows); its key is everything the pass's launches take by value
+  // (the rest is in `meta`).
   cudaGraphExec_t graph = nullptr;
   if (batch.batch_invariant && !sharded() && !ops.use_cublas && ops.OneChunkEach()) {
     const std::vector<int64_t> key = {np,
@@ -1140,12 +1144,8 @@ int32_t CudaModelRunner::kv_block_size() const { return impl_->opt.kv_block_size
 const CudaMemoryPlan& CudaModelRunner::memory_plan() const { return impl_->plan; }
 CudaGraphStats CudaModelRunner::graph_stats() const { return impl_->graph_stats; }
 void CudaModelRunner::SetCudaGraphs(bool on) {
-  Impl& im = *impl_;
-  im.opt.cuda_graphs = on;
-  if (on) return;
-  for (auto& [key, g] : im.graphs) cudaGraphExecDestroy(g.exec);
-  im.graphs.clear();
-  im.shapes_seen.clear();
+  impl_->opt.cuda_graphs = on;
+  if (!on) impl_->DropGraphs();
 }
 
 Status CudaModelRunner::Synchronize() {
