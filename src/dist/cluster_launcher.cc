@@ -16,6 +16,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "common/stop_signal.h"
 #include "dist/llm_client.h"
@@ -297,10 +298,49 @@ class ChildSet {
     std::optional<Starting> starting;
   };
 
+  // Moves one restart on without waiting: starts the worker when a try is due, reads what a
+  // starting one wrote. True when the restart is over (the worker listens again, or the tries
+  // ran out).
+  bool Advance(Restart& r) {
+    constexpr int kMaxAttempts = 20;
+    const auto retry_later = [&r](const Status& s) {
+      spdlog::error("{}: restart failed: {}", r.old.slot.label, s.ToString());
+      r.starting.reset();
+      r.next_try = Clock::now() + std::chrono::milliseconds(300);
+    };
+    if (!r.starting && Clock::now() >= r.next_try) {
+      ++r.attempts;
+      auto started = StartChild(self_exe_, config_path_, r.old.slot, r.old.port, ov_,
+                                std::chrono::seconds(300));
+      if (started.ok()) {
+        r.starting = std::move(started).value();
+      } else {
+        retry_later(started.status());
+      }
+    }
+    if (r.starting) {
+      StatusOr<bool> listening = PollListening(*r.starting, 0);
+      if (!listening.ok()) {
+        retry_later(listening.status());
+      } else if (*listening) {
+        const Child& c = r.starting->child;
+        spdlog::warn("{} {}:{} restarted (pid {})", c.slot.label, c.slot.endpoint.address, c.port,
+                     c.pid);
+        std::lock_guard<std::mutex> lock(mu_);
+        children_[r.index] = c;
+        return true;
+      }
+    }
+    if (!r.starting && r.attempts >= kMaxAttempts) {
+      spdlog::error("{}: giving up after {} restarts", r.old.slot.label, r.attempts);
+      return true;
+    }
+    return false;
+  }
+
   // Every 100 ms: reaps workers that died and moves their restarts on, each without waiting for
   // the others (a worker slow to load its model does not delay noticing or restarting another).
   void Monitor() {
-    constexpr int kMaxAttempts = 20;
     std::vector<Restart> restarts;
     while (!done_) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -316,52 +356,13 @@ class ChildSet {
             spdlog::error("{} {}:{} (pid {}) {}{}", c.slot.label, c.slot.endpoint.address, c.port,
                           c.pid, ExitDescription(status),
                           restart_ ? "; restarting it on the same port" : "");
-            if (restart_) restarts.push_back(Restart{i, c, 0, Clock::now(), std::nullopt});
+            if (restart_)
+              restarts.push_back(
+                  Restart{i, c, 0, Clock::now() + std::chrono::milliseconds(300), std::nullopt});
           }
         }
       }
-      for (auto it = restarts.begin(); it != restarts.end() && !stopping_;) {
-        Restart& r = *it;
-        if (!r.starting) {
-          if (Clock::now() < r.next_try + std::chrono::milliseconds(300)) {
-            ++it;
-            continue;
-          }
-          ++r.attempts;
-          auto started = StartChild(self_exe_, config_path_, r.old.slot, r.old.port, ov_,
-                                    std::chrono::seconds(300));
-          if (started.ok()) {
-            r.starting = std::move(started).value();
-          } else {
-            spdlog::error("{}: restart failed: {}", r.old.slot.label, started.status().ToString());
-            r.next_try = Clock::now();
-          }
-        }
-        if (r.starting) {
-          StatusOr<bool> listening = PollListening(*r.starting, 0);
-          if (listening.ok() && *listening) {
-            const Child& c = r.starting->child;
-            spdlog::warn("{} {}:{} restarted (pid {})", c.slot.label, c.slot.endpoint.address,
-                         c.port, c.pid);
-            std::lock_guard<std::mutex> lock(mu_);
-            children_[r.index] = c;
-            it = restarts.erase(it);
-            continue;
-          }
-          if (!listening.ok()) {
-            spdlog::error("{}: restart failed: {}", r.old.slot.label,
-                          listening.status().ToString());
-            r.starting.reset();
-            r.next_try = Clock::now();
-          }
-        }
-        if (!r.starting && r.attempts >= kMaxAttempts) {
-          spdlog::error("{}: giving up after {} restarts", r.old.slot.label, r.attempts);
-          it = restarts.erase(it);
-          continue;
-        }
-        ++it;
-      }
+      std::erase_if(restarts, [this](Restart& r) { return !stopping_ && Advance(r); });
     }
     // Workers still starting when the launcher stops: StopAll stops them with the others.
     std::lock_guard<std::mutex> lock(mu_);
