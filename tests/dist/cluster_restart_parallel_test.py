@@ -13,55 +13,18 @@ worker (up to 20 tries, or 300 s for one that never listened), so a second death
 and unrestarted until the first restart was over.
 
 Usage: cluster_restart_parallel_test.py PATH_TO_SPECINFER   (SPECINFER_SOURCE_DIR set by CTest)
-Only the Python standard library is used.
+Only the Python standard library is used (and restart_test_util.py beside it).
 """
-import json
+
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.error
-import urllib.request
 
-BIN = os.path.abspath(sys.argv[1])
-SRC = os.environ.get("SPECINFER_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
-MODEL = os.path.join(SRC, "tests/data/stories260K/stories260K.bin")
-TOKENIZER = os.path.join(SRC, "tests/data/stories260K/tok512.bin")
-
-failures = []
-
-
-def check(cond, what):
-    print("%s: %s" % ("ok" if cond else "FAIL", what), flush=True)
-    if not cond:
-        failures.append(what)
-
-
-def wait_for(pred, timeout):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def completion(port):
-    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}).encode()
-    req = urllib.request.Request("http://127.0.0.1:%d/v1/completions" % port, data=body,
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return None
+from restart_test_util import Cluster, check, completion, failures, wait_for
 
 
 def take_port(port, timeout):
@@ -84,95 +47,51 @@ def take_port(port, timeout):
 
 
 def main(tmp):
-    config = os.path.join(tmp, "cluster.yaml")
-    with open(config, "w") as f:
-        f.write("""
-models:
-  llm: {path: %s, tokenizer: %s}
-manager: {http_port: 0, grpc_port: 0, threads: 1, probe_interval_ms: 200, rpc_timeout_ms: 1000,
-          drain_timeout_s: 10}
-ssm:
-  - spec: layers:2
-    replicas: [{port: 0, threads: 1}]
-llm:
-  placement: workers
-  tp: 1
-  pp: 1
-  threads: 1
-  workers: [{port: 0}]
-restart_workers: true
-""" % (MODEL, TOKENIZER))
-    log_path = os.path.join(tmp, "cluster.log")
-    log = open(log_path, "w")
-    proc = subprocess.Popen([BIN, "--log-level", "info", "cluster", "--config", config,
-                             "--any-ports"], stdout=subprocess.PIPE, stderr=log, text=True)
+    cluster = Cluster(tmp, rpc_timeout_ms=1000)
     blocker = None
     try:
-        pids, ports, port = {}, {}, None
-        deadline = time.time() + 120
-        while port is None and time.time() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                raise RuntimeError("the cluster exited before listening")
-            if line.startswith("worker "):
-                name = line.split()[1]
-                pids[name] = int(re.search(r"pid=(\d+)", line).group(1))
-                ports[name] = int(re.search(r"address=\S*:(\d+)", line).group(1))
-            if line.startswith("listening http="):
-                port = int(line.split()[1].split(":")[-1])
-        threading.Thread(target=proc.stdout.read, daemon=True).start()
-        check(sorted(pids) == ["llm[0]", "ssm[0]"], "cluster started: %s" % sorted(pids))
-        check(completion(port) == 200, "a request succeeds")
+        cluster.start()
+        port = cluster.port
+        check(completion(port, speculation=False) == 200, "a request succeeds")
 
-        def log_lines():
-            with open(log_path) as f:
-                return f.readlines()
+        def llm_restart_failures(after=-1):
+            return [l for l in cluster.log_lines()[after + 1:] if "llm[0]: restart failed" in l]
 
-        os.kill(pids["llm[0]"], signal.SIGKILL)
-        blocker = take_port(ports["llm[0]"], 5)
+        os.kill(cluster.pids["llm[0]"], signal.SIGKILL)
+        blocker = take_port(cluster.ports["llm[0]"], 5)
         if blocker is None:
-            raise RuntimeError("could not take the killed LLM worker's port %d" % ports["llm[0]"])
-        check(wait_for(lambda: any("llm[0]: restart failed" in l for l in log_lines()), 30),
+            raise RuntimeError("could not take the killed LLM worker's port %d" %
+                               cluster.ports["llm[0]"])
+        check(wait_for(lambda: bool(llm_restart_failures()), 30, period=0.05),
               "the LLM worker's restart fails while its port is taken")
 
-        os.kill(pids["ssm[0]"], signal.SIGKILL)
-        ssm_back = re.compile(r"ssm\[0\] \S+ restarted \(pid \d+\)")
-        check(wait_for(lambda: any(ssm_back.search(l) for l in log_lines()), 30),
+        os.kill(cluster.pids["ssm[0]"], signal.SIGKILL)
+        check(wait_for(lambda: cluster.restarted("ssm[0]"), 30, period=0.05),
               "the SSM worker is restarted")
-        lines = log_lines()
-        at = next((i for i, l in enumerate(lines) if ssm_back.search(l)), None)
-
-        def llm_failed_after_ssm_came_back():
-            return at is not None and any("llm[0]: restart failed" in l
-                                           for l in log_lines()[at + 1:])
-
+        lines = cluster.log_lines()
+        at = next((i for i, l in enumerate(lines) if "ssm[0]" in l and " restarted (pid" in l),
+                  None)
         # The LLM worker's tries (20, 300 ms apart) go on for seconds after the SSM worker is back.
-        check(wait_for(llm_failed_after_ssm_came_back, 5),
+        check(wait_for(lambda: at is not None and bool(llm_restart_failures(at)), 5, period=0.05),
               "the SSM worker came back while the LLM worker's restarts were still failing")
 
         blocker.close()
         blocker = None
-        llm_back = re.compile(r"llm\[0\] \S+ restarted \(pid \d+\)")
-        check(wait_for(lambda: any(llm_back.search(l) for l in log_lines()), 30),
+        check(wait_for(lambda: cluster.restarted("llm[0]"), 30, period=0.05),
               "the LLM worker is restarted once its port is free")
-        check(wait_for(lambda: completion(port) == 200, 60),
+        check(wait_for(lambda: completion(port, speculation=False) == 200, 60),
               "requests succeed again after the restarts")
 
-        proc.send_signal(signal.SIGTERM)
+        cluster.proc.send_signal(signal.SIGTERM)
         try:
-            rc = proc.wait(60)
+            rc = cluster.proc.wait(60)
         except subprocess.TimeoutExpired:
             rc = None
         check(rc == 0, "the launcher exits 0 on SIGTERM (%s)" % rc)
     finally:
         if blocker is not None:
             blocker.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if failures:
-            with open(log_path) as f:
-                print("---- tail of the cluster's log\n" + "".join(f.readlines()[-40:]))
+        cluster.stop()
 
 
 if __name__ == "__main__":

@@ -19,113 +19,40 @@ still *ended* (its loop stopped with the restarts) 0..100 ms after the stop, wit
 whenever the shutdown took longer than that (seen in the 600-request cluster soak).
 
 Usage: cluster_restart_stop_test.py PATH_TO_SPECINFER   (SPECINFER_SOURCE_DIR set by CTest)
-Only the Python standard library is used.
+Only the Python standard library is used (and restart_test_util.py beside it).
 """
-import json
+
 import os
 import re
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.error
-import urllib.request
 
-BIN = os.path.abspath(sys.argv[1])
-SRC = os.environ.get("SPECINFER_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
-MODEL = os.path.join(SRC, "tests/data/stories260K/stories260K.bin")
-TOKENIZER = os.path.join(SRC, "tests/data/stories260K/tok512.bin")
-
-failures = []
-
-
-def check(cond, what):
-    print("%s: %s" % ("ok" if cond else "FAIL", what), flush=True)
-    if not cond:
-        failures.append(what)
-
-
-def wait_for(pred, timeout):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if pred():
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def completion(port):
-    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0,
-                       "speculation": {"enabled": True}}).encode()
-    req = urllib.request.Request("http://127.0.0.1:%d/v1/completions" % port, data=body,
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return None
+from restart_test_util import Cluster, check, completion, failures, wait_for
 
 
 def main(tmp):
-    config = os.path.join(tmp, "cluster.yaml")
-    with open(config, "w") as f:
-        f.write("""
-models:
-  llm: {path: %s, tokenizer: %s}
-manager: {http_port: 0, grpc_port: 0, threads: 1, probe_interval_ms: 200, rpc_timeout_ms: 3000,
-          drain_timeout_s: 10}
-ssm:
-  - spec: layers:2
-    replicas: [{port: 0, threads: 1}]
-llm:
-  placement: workers
-  tp: 1
-  pp: 1
-  threads: 1
-  workers: [{port: 0}]
-restart_workers: true
-""" % (MODEL, TOKENIZER))
-    log_path = os.path.join(tmp, "cluster.log")
-    log = open(log_path, "w")
-    proc = subprocess.Popen([BIN, "--log-level", "info", "cluster", "--config", config,
-                             "--any-ports"], stdout=subprocess.PIPE, stderr=log, text=True)
+    cluster = Cluster(tmp, rpc_timeout_ms=3000)
     try:
-        pids, port = {}, None
-        deadline = time.time() + 120
-        while port is None and time.time() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                raise RuntimeError("the cluster exited before listening")
-            if line.startswith("worker "):
-                pids[line.split()[1]] = int(re.search(r"pid=(\d+)", line).group(1))
-            if line.startswith("listening http="):
-                port = int(line.split()[1].split(":")[-1])
-        threading.Thread(target=proc.stdout.read, daemon=True).start()
-        check(sorted(pids) == ["llm[0]", "ssm[0]"], "cluster started: %s" % sorted(pids))
+        cluster.start()
+        proc, port = cluster.proc, cluster.port
         check(completion(port) == 200, "a request succeeds")
 
         for name in ("ssm[0]", "llm[0]"):
-            os.kill(pids[name], signal.SIGKILL)
+            os.kill(cluster.pids[name], signal.SIGKILL)
 
-        def restarted():
-            with open(log_path) as f:
-                text = f.read()
-            return all(re.search(re.escape(n) + r" \S+ restarted \(pid \d+\)", text)
-                       for n in ("ssm[0]", "llm[0]"))
-
-        check(wait_for(restarted, 60), "the launcher restarted both killed workers")
+        check(wait_for(lambda: cluster.restarted("ssm[0]") and cluster.restarted("llm[0]"), 60),
+              "the launcher restarted both killed workers")
         check(wait_for(lambda: completion(port) == 200, 60),
               "requests succeed again after the restarts")
 
         # The manager takes the restarted SSM worker back (its health check registers it again;
         # until then it has nothing to drain there).
         def ssm_registered_again():
-            with open(log_path) as f:
-                return len(re.findall(r"ssm\[0\] \S+: registered", f.read())) >= 2
+            return len([l for l in cluster.log_lines()
+                        if re.search(r"ssm\[0\] \S+: registered", l)]) >= 2
 
         check(wait_for(ssm_registered_again, 60),
               "the manager registered the restarted SSM worker again")
@@ -134,8 +61,8 @@ restart_workers: true
         # comes, so the manager's Drain call to it waits. Far longer than the launcher monitor's
         # poll period, the window in which the regression struck (it ended the forking thread,
         # and with it sent every restarted worker a SIGTERM, before the drain was over).
-        with open(log_path) as f:
-            ssm_pid = int(re.findall(r"ssm\[0\] \S+ restarted \(pid (\d+)\)", f.read())[-1])
+        ssm_pid = int(re.findall(r"ssm\[0\] \S+ restarted \(pid (\d+)\)",
+                                 "".join(cluster.log_lines()))[-1])
         os.kill(ssm_pid, signal.SIGSTOP)
         try:
             proc.send_signal(signal.SIGTERM)
@@ -147,24 +74,17 @@ restart_workers: true
         except subprocess.TimeoutExpired:
             rc = None
         check(rc == 0, "the launcher exits 0 on SIGTERM (%s)" % rc)
-        with open(log_path) as f:
-            stopped = [l.strip() for l in f if " stopped: " in l]
+        lines = cluster.log_lines()
+        stopped = [l.strip() for l in lines if " stopped: " in l]
         check(len(stopped) == 2 and all(l.endswith("exited with status 0") for l in stopped),
               "every worker, restarted ones included, stopped with exit status 0:\n  " +
               "\n  ".join(stopped))
-        with open(log_path) as f:
-            lines = f.readlines()
         drained = [i for i, l in enumerate(lines) if "drained (" in l or "Drain failed" in l]
         signalled = [i for i, l in enumerate(lines) if re.search(r"\] (ssm|llm)\[0\] .*: signal 15", l)]
         check(len(drained) == 1 and len(signalled) == 2 and min(signalled) > drained[0],
               "no worker got a stop signal before the manager's drain was over")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if failures:
-            with open(log_path) as f:
-                print("---- tail of the cluster's log\n" + "".join(f.readlines()[-30:]))
+        cluster.stop()
 
 
 if __name__ == "__main__":
