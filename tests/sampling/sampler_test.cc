@@ -2,10 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
 #include <random>
+#include <span>
+#include <tuple>
 
 #include "backend/cpu/simd.h"
 
@@ -57,6 +60,94 @@ TEST(Sampler, TopPKeepsTheSmallestPrefixReachingP) {
   EXPECT_NEAR(probs[1], 0.3 / 0.8, 1e-6);
   EXPECT_EQ(probs[2], 0.0f);
   EXPECT_EQ(probs[3], 0.0f);
+}
+
+// ComputeProbs's contract written the plain way: the whole vocabulary sorted by probability (ties
+// by index), top-k's prefix, then the shortest prefix of it whose mass (summed most likely first)
+// reaches top_p of what top-k kept (of the total `sum` without top-k), renormalised.
+std::vector<float> ReferenceProbs(std::span<const float> logits, const SamplingParams& params) {
+  const size_t n = logits.size();
+  const float max = *std::max_element(logits.begin(), logits.end());
+  std::vector<float> e(n);
+  double sum = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    e[i] = std::exp((logits[i] - max) * (1.0f / params.temperature));
+    sum += e[i];
+  }
+  std::vector<int32_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(),
+            [&](int32_t a, int32_t b) { return e[a] != e[b] ? e[a] > e[b] : a < b; });
+  const bool use_k = params.top_k > 0 && static_cast<size_t>(params.top_k) < n;
+  size_t keep = use_k ? params.top_k : n;
+  double mass = sum;
+  if (use_k) {
+    mass = 0.0;
+    for (size_t i = 0; i < keep; ++i) mass += e[order[i]];
+  }
+  if (params.top_p < 1.0f) {
+    const double target = static_cast<double>(params.top_p) * mass;
+    double acc = 0.0;
+    for (size_t i = 0; i < keep; ++i) {
+      acc += e[order[i]];
+      if (acc >= target) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  double kept = 0.0;
+  for (size_t i = 0; i < keep; ++i) kept += e[order[i]];
+  std::vector<float> out(n, 0.0f);
+  if (!use_k && params.top_p >= 1.0f) {
+    const float inv = static_cast<float>(1.0 / sum);
+    for (size_t i = 0; i < n; ++i) out[i] = e[i] * inv;
+    return out;
+  }
+  for (size_t i = 0; i < keep; ++i) out[order[i]] = static_cast<float>(e[order[i]] * (1.0 / kept));
+  return out;
+}
+
+// The kept set is found without sorting the whole vocabulary (a growing sorted prefix): it must
+// be the full sort's, bit for bit, whatever the nucleus size — one token, a few, thousands, the
+// whole vocabulary — and with ties (logits on a coarse grid) at the cut.
+TEST(Sampler, TopKTopPEqualTheFullSortForEveryNucleusSize) {
+  std::mt19937 gen(7);
+  int rows = 0;
+  size_t largest_kept = 0;
+  for (int32_t vocab : {1, 2, 5, 63, 64, 65, 300, 4096, 49152}) {
+    for (float scale : {0.01f, 0.5f, 2.0f, 8.0f, 40.0f}) {
+      for (bool grid : {false, true}) {
+        std::normal_distribution<float> normal(0.0f, scale);
+        std::vector<float> logits(vocab);
+        for (float& v : logits) v = grid ? std::round(normal(gen)) : normal(gen);
+        for (auto [k, p, t] : {std::tuple{0, 0.9f, 1.0f},
+                               {0, 0.5f, 0.7f},
+                               {0, 0.999f, 1.0f},
+                               {0, 1e-6f, 1.0f},
+                               {50, 0.95f, 1.0f},
+                               {1000, 0.8f, 1.3f},
+                               {40, 1.0f, 0.8f},
+                               {0, 1.0f, 1.0f}}) {
+          SamplingParams params;
+          params.top_k = k;
+          params.top_p = p;
+          params.temperature = t;
+          std::vector<float> probs;
+          ComputeProbs(logits, params, probs);
+          const std::vector<float> want = ReferenceProbs(logits, params);
+          ASSERT_EQ(probs, want) << "vocab " << vocab << " scale " << scale << " grid " << grid
+                                 << " top_k " << k << " top_p " << p << " T " << t;
+          largest_kept = std::max<size_t>(
+              largest_kept,
+              std::count_if(probs.begin(), probs.end(), [](float x) { return x > 0; }));
+          ++rows;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(rows, 9 * 5 * 2 * 8);
+  EXPECT_GT(largest_kept, 20000u);  // some nuclei needed most of the 49k vocabulary
 }
 
 TEST(Sampler, SeededDrawsAreRepeatable) {
