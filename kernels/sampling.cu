@@ -62,15 +62,14 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-__global__ void __launch_bounds__(kThreads)
-    SamplingProbsKernel(const float* __restrict__ logits, int32_t vocab, SamplingConfig cfg,
-                        float* __restrict__ probs) {
+// One row's sampling distribution (SamplingProbs) by the whole block. `out` may be `row`: each
+// thread reads an element of `row` before it writes that element of `out`, and the greedy
+// one-hot is written after the argmax's reductions.
+__device__ void RowProbs(const float* row, int32_t vocab, SamplingConfig cfg, float* out) {
   __shared__ float fs[kWarpsPerBlock];
   __shared__ int is[kWarpsPerBlock];
   __shared__ double ds[kWarpsPerBlock];
   __shared__ int tie_cut_shared;
-  const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
-  float* out = probs + static_cast<int64_t>(blockIdx.x) * vocab;
 
   if (cfg.temperature <= 0.0f || cfg.top_k == 1) {
     const int32_t a = BlockArgmax(row, vocab, fs, is);
@@ -208,6 +207,84 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+__global__ void __launch_bounds__(kThreads)
+    SamplingProbsKernel(const float* __restrict__ logits, int32_t vocab, SamplingConfig cfg,
+                        float* __restrict__ probs) {
+  RowProbs(logits + static_cast<int64_t>(blockIdx.x) * vocab, vocab, cfg,
+           probs + static_cast<int64_t>(blockIdx.x) * vocab);
+}
+
+// The token at uniform u of a distribution over `vocab` ids (SampleFromProbs): the first id whose
+// cumulative probability, summed in id order, exceeds u; the last nonzero one if rounding leaves u
+// at or beyond the total. Each thread sums a contiguous chunk; thread 0 finds the chunk where the
+// running sum passes u and walks it.
+__device__ int32_t BlockDraw(const float* probs, int32_t vocab, double u) {
+  __shared__ double chunk_sum[kThreads];
+  __shared__ int32_t chunk_last[kThreads];  // the chunk's last nonzero id, or -1
+  __shared__ int32_t drawn;
+  const int32_t per = (vocab + static_cast<int32_t>(blockDim.x) - 1) / blockDim.x;
+  const int32_t begin = min(vocab, static_cast<int32_t>(threadIdx.x) * per);
+  const int32_t end = min(vocab, begin + per);
+  double sum = 0.0;
+  int32_t last = -1;
+  for (int32_t i = begin; i < end; ++i) {
+    if (probs[i] > 0.0f) {
+      sum += probs[i];
+      last = i;
+    }
+  }
+  chunk_sum[threadIdx.x] = sum;
+  chunk_last[threadIdx.x] = last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double acc = 0.0;
+    int32_t found = -1, last_nonzero = 0;
+    for (int32_t t = 0; t < static_cast<int32_t>(blockDim.x) && found < 0; ++t) {
+      if (chunk_last[t] >= 0) last_nonzero = chunk_last[t];
+      if (!(u < acc + chunk_sum[t])) {
+        acc += chunk_sum[t];
+        continue;
+      }
+      for (int32_t i = t * per, e = min(vocab, i + per); i < e; ++i) {
+        if (probs[i] <= 0.0f) continue;
+        acc += probs[i];
+        if (u < acc) {
+          found = i;
+          break;
+        }
+      }
+    }
+    drawn = found >= 0 ? found : last_nonzero;
+  }
+  __syncthreads();
+  return drawn;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    DrawTokensKernel(float* __restrict__ logits, int32_t vocab,
+                     const TokenDraw* __restrict__ draws, int32_t* out, float* values) {
+  __shared__ float fs[kWarpsPerBlock];
+  __shared__ int is[kWarpsPerBlock];
+  float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  const TokenDraw d = draws[blockIdx.x];
+  if (d.temperature <= 0.0f || d.top_k == 1) {
+    float mx;
+    const int32_t a = BlockArgmax(row, vocab, fs, is, &mx);
+    if (threadIdx.x == 0) {
+      out[blockIdx.x] = a;
+      if (values) values[blockIdx.x] = mx;
+    }
+    return;
+  }
+  RowProbs(row, vocab, SamplingConfig{d.temperature, d.top_k, d.top_p}, row);
+  __syncthreads();  // every thread's probabilities are visible to BlockDraw's chunks
+  const int32_t token = BlockDraw(row, vocab, d.u);
+  if (threadIdx.x == 0) {
+    out[blockIdx.x] = token;
+    if (values) values[blockIdx.x] = row[token];
+  }
+}
+
 }  // namespace
 
 cudaError_t LaunchArgmax(const float* logits, int32_t rows, int32_t vocab, int32_t* out,
@@ -222,6 +299,13 @@ cudaError_t LaunchSamplingProbs(const float* logits, int32_t rows, int32_t vocab
   if (rows <= 0 || vocab <= 0 || !(config.top_p > 0.0f && config.top_p <= 1.0f) || config.top_k < 0)
     return cudaErrorInvalidValue;
   SPECINFER_LAUNCH(rows, kThreads, 0, stream, SamplingProbsKernel)(logits, vocab, config, probs);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchDrawTokens(float* logits, int32_t rows, int32_t vocab, const TokenDraw* draws,
+                             int32_t* out, cudaStream_t stream, float* values) {
+  if (rows <= 0 || vocab <= 0) return cudaErrorInvalidValue;
+  SPECINFER_LAUNCH(rows, kThreads, 0, stream, DrawTokensKernel)(logits, vocab, draws, out, values);
   return cudaGetLastError();
 }
 

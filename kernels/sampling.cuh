@@ -12,6 +12,13 @@
 //   index order. Tolerance: probabilities within 1e-6 + 1e-5 relative of the CPU's (expf vs
 //   std::exp); the kept set is the CPU's except where a cumulative mass ties the top_p target to
 //   within double rounding.
+// DrawTokens: a token per row by draws[r] (a device array): the argmax for greedy settings
+//   (temperature <= 0 or top_k == 1; values[r] its logit), else the token drawn at uniform u
+//   from the row's SamplingProbs distribution: the first id whose cumulative probability (in id
+//   order, summed in double) exceeds u, the last nonzero one if rounding leaves u beyond the
+//   total, as specinfer::SampleFromProbs(probs, u) (values[r] its probability). A drawn row of
+//   `logits` is overwritten with its distribution. Cumulative sums are taken per chunk of ids,
+//   so a u within double rounding of a boundary may pick the neighbouring token.
 // Layout: logits, probs [rows, vocab] float32 row-major; out [rows].
 // Launch: one block of 1024 threads per row.
 #pragma once
@@ -28,9 +35,20 @@ struct SamplingConfig {
   float top_p = 1.0f;  // 1: no limit
 };
 
+// ForwardBatch's TokenDraw as the device reads it.
+struct TokenDraw {
+  float temperature = 0.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  int32_t unused = 0;
+  double u = 0.0;
+};
+
 cudaError_t LaunchArgmax(const float* logits, int32_t rows, int32_t vocab, int32_t* out,
                          cudaStream_t stream, float* values = nullptr);
 cudaError_t LaunchSamplingProbs(const float* logits, int32_t rows, int32_t vocab,
                                 SamplingConfig config, float* probs, cudaStream_t stream);
+cudaError_t LaunchDrawTokens(float* logits, int32_t rows, int32_t vocab, const TokenDraw* draws,
+                             int32_t* out, cudaStream_t stream, float* values = nullptr);
 
 }  // namespace specinfer::kernels

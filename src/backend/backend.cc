@@ -52,6 +52,30 @@ void ForwardBatch::AddSequence(SeqId seq, std::span<const int32_t> toks,
   seqs.push_back(s);
 }
 
+TokenDraw TokenDraw::Of(const SamplingParams& params, double u) {
+  return TokenDraw{params.temperature, params.top_k, params.top_p, u};
+}
+
+SamplingParams TokenDraw::params() const {
+  SamplingParams p;
+  p.temperature = temperature;
+  p.top_k = top_k;
+  p.top_p = top_p;
+  return p;
+}
+
+void ForwardBatch::AddTokenRow(int32_t row, const TokenDraw& draw) {
+  if (!draw.greedy() || !draws.empty()) {
+    draws.resize(argmax_rows.size());  // the argmax rows before it, if it is the first draw
+    draws.push_back(draw);
+  }
+  argmax_rows.push_back(row);
+}
+
+bool ForwardBatch::has_draws() const {
+  return std::any_of(draws.begin(), draws.end(), [](const TokenDraw& d) { return !d.greedy(); });
+}
+
 Status ForwardBatch::Validate(int32_t vocab_size) const {
   if (positions.size() != tokens.size())
     return InvalidArgumentError("batch: positions and tokens differ in length");
@@ -78,6 +102,13 @@ Status ForwardBatch::Validate(int32_t vocab_size) const {
     if (r < 0 || r >= size()) return InvalidArgumentError("batch: logit row out of range");
   for (int32_t r : argmax_rows)
     if (r < 0 || r >= size()) return InvalidArgumentError("batch: argmax row out of range");
+  if (!draws.empty() && draws.size() != argmax_rows.size())
+    return InvalidArgumentError("batch: draws and argmax rows differ in number");
+  for (const TokenDraw& d : draws) {
+    SI_RETURN_IF_ERROR(d.params().Validate().WithContext("batch: draw"));
+    if (!(d.u >= 0.0 && d.u < 1.0))
+      return InvalidArgumentError("batch: a draw's uniform must be in [0, 1)");
+  }
   return Status::Ok();
 }
 
@@ -93,6 +124,7 @@ Status ForwardArgmaxOnHost(
   ForwardBatch all = batch;  // the masks it points to stay the caller's
   all.logit_rows.insert(all.logit_rows.end(), batch.argmax_rows.begin(), batch.argmax_rows.end());
   all.argmax_rows.clear();
+  all.draws.clear();
   scratch.resize((m + a) * width);
   SI_RETURN_IF_ERROR(forward(all, scratch));
   std::copy_n(scratch.begin(), m * width, logits.begin());
@@ -109,11 +141,23 @@ Status ModelRunner::ForwardArgmax(const ForwardBatch& batch, const KvCacheManage
   const int32_t vocab = model().config().vocab_size;
   if (argmax.size() < batch.argmax_rows.size())
     return InvalidArgumentError("argmax buffer too small");
+  // The pass below sees the argmax rows as logits rows, without the draws: check those here.
+  SI_RETURN_IF_ERROR(batch.Validate(vocab));
   argmax_shares_.resize(batch.argmax_rows.size());
   SI_RETURN_IF_ERROR(ForwardArgmaxOnHost(
       batch, 0, vocab, argmax_scratch_, logits, argmax_shares_,
       [&](const ForwardBatch& b, std::span<float> out) { return Forward(b, kv, out); }));
   for (size_t i = 0; i < argmax_shares_.size(); ++i) argmax[i] = argmax_shares_[i].id;
+  // Sampled draws, from the argmax rows' logits ForwardArgmaxOnHost left after the logits rows.
+  const size_t m = batch.logit_rows.size();
+  for (size_t i = 0; i < batch.draws.size(); ++i) {
+    const TokenDraw& d = batch.draws[i];
+    if (d.greedy()) continue;
+    const std::span<const float> row(argmax_scratch_.data() + (m + i) * vocab,
+                                     static_cast<size_t>(vocab));
+    ComputeProbs(row, d.params(), draw_probs_);
+    argmax[i] = SampleFromProbs(draw_probs_, d.u);
+  }
   return Status::Ok();
 }
 

@@ -24,6 +24,7 @@
 
 #include "kv/kv_cache.h"
 #include "model/model.h"
+#include "sampling/sampler.h"
 #include "specinfer/status.h"
 
 namespace specinfer {
@@ -66,6 +67,22 @@ struct BatchSequence {
   int32_t kv_end() const { return kv_prefix + masked_kv + token_count; }
 };
 
+// A token chosen where the logits are instead of an argmax (ForwardBatch::draws): drawn from the
+// distribution ComputeProbs (sampling/sampler.h) gives under these settings, at the uniform `u`
+// in [0, 1) the sequence's random stream supplied (SampleFromProbs: the first token, in id order,
+// whose cumulative probability exceeds u). Greedy settings (temperature 0, top_k 1): the argmax.
+struct TokenDraw {
+  float temperature = 0.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  double u = 0.0;
+
+  bool greedy() const { return temperature <= 0.0f || top_k == 1; }
+  // `params`' settings (its seed aside) at uniform u, and back.
+  static TokenDraw Of(const SamplingParams& params, double u);
+  SamplingParams params() const;
+};
+
 struct ForwardBatch {
   std::vector<int32_t> tokens;         // [n]
   std::vector<int32_t> positions;      // [n] rotary positions
@@ -75,12 +92,20 @@ struct ForwardBatch {
   // greedy sequence that reads no logits needs, found where the logits are (a GPU, the LLM
   // workers) so that only token ids come back.
   std::vector<int32_t> argmax_rows;
+  // Empty (every argmax row an argmax), or one per argmax row: a row whose draw is not greedy
+  // comes back as a token drawn from its distribution (ModelRunner::draws_tokens), so that a
+  // sampled sequence that reads no logits gets only its token too.
+  std::vector<TokenDraw> draws;
   // True: every token's outputs are bit-identical to computing it in any other batch (what
   // decode and tree verification need, so speculative output equals incremental output).
   // False allows faster batch-dependent kernels (BLAS); set it for batches of prompt tokens only.
   bool batch_invariant = true;
 
   int32_t size() const { return static_cast<int32_t>(tokens.size()); }
+  // Appends an argmax row, drawn as `draw` says (filling `draws` with argmaxes first if needed).
+  void AddTokenRow(int32_t row, const TokenDraw& draw = {});
+  // Whether some argmax row is a sampled draw.
+  bool has_draws() const;
   // Appends `count` tokens of one sequence.
   void AddSequence(SeqId seq, std::span<const int32_t> toks, std::span<const int32_t> pos,
                    int32_t kv_prefix, const TreeMask* mask, int32_t masked_kv = 0);
@@ -124,11 +149,16 @@ class ModelRunner {
                          std::span<float> logits) = 0;
 
   // Forward, and for batch.argmax_rows the index of each row's largest logit (the lowest among
-  // equals, as specinfer::Argmax; rows with NaN logits are not supported) into `argmax` ([a]).
+  // equals, as specinfer::Argmax; rows with NaN logits are not supported) into `argmax` ([a]), or
+  // for a row that batch.draws samples, the token drawn.
   // The default computes those rows' logits here and takes their argmax on the host; runners
   // whose logits live elsewhere (a GPU, LLM workers) override it to bring back only the ids.
   virtual Status ForwardArgmax(const ForwardBatch& batch, const KvCacheManager& kv,
                                std::span<float> logits, std::span<int32_t> argmax);
+  // Whether ForwardArgmax takes ForwardBatch::draws (sampled tokens drawn with the logits: the
+  // default draws on the host, a GPU runner on the device). A runner that returns false refuses a
+  // batch with sampled draws, and the engine sends it logits rows for its sampled sequences.
+  virtual bool draws_tokens() const { return true; }
 
   // Copies the K/V entries of `seq` at positions src[i] to positions dst[i] (all layers), in
   // order. Used to compact an accepted tree path into consecutive positions.
@@ -148,6 +178,7 @@ class ModelRunner {
 
  private:
   std::vector<float> argmax_scratch_;  // the default ForwardArgmax's logits
+  std::vector<float> draw_probs_;      // and a sampled draw's distribution
   std::vector<ArgmaxShare> argmax_shares_;
 };
 

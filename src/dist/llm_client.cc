@@ -331,6 +331,8 @@ Status RemoteLlmRunner::Forward(const ForwardBatch& batch, const KvCacheManager&
 
 Status RemoteLlmRunner::ForwardArgmax(const ForwardBatch& batch, const KvCacheManager& kv,
                                       std::span<float> logits, std::span<int32_t> argmax) {
+  if (batch.has_draws())
+    return InvalidArgumentError("an LLM group does not draw sampled tokens (draws_tokens)");
   return Pass(batch, kv, logits, argmax);
 }
 

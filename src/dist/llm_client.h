@@ -76,6 +76,9 @@ class RemoteLlmRunner final : public ModelRunner {
   // one id and one value per row and rank cross the network instead of the rows' logits.
   Status ForwardArgmax(const ForwardBatch& batch, const KvCacheManager& kv, std::span<float> logits,
                        std::span<int32_t> argmax) override;
+  // Sampled draws are not sent to the workers (a row's tensor-parallel shares would have to
+  // combine their distributions): sampled sequences get logits rows.
+  bool draws_tokens() const override { return false; }
   Status MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,
                 std::span<const int32_t> dst) override;
   int32_t num_kv_blocks() const override { return kv_blocks_; }

@@ -198,16 +198,19 @@ CoreScheduler::ScheduledStep CoreScheduler::Schedule() {
 
   // Every decoding sequence's tree, then prefill chunks in admission order.
   ForwardBatch& batch = step.batch;
+  const bool runner_draws = runner_.draws_tokens();
   int32_t tokens = 0;
   for (auto it = running_.begin(); it != running_.end();) {
     auto next = std::next(it);
     if (it->seq->phase() == Sequence::Phase::kDecode) {
-      const bool argmax = it->seq->argmax_rows();
-      const auto first_row =
-          static_cast<int32_t>(argmax ? batch.argmax_rows.size() : batch.logit_rows.size());
+      // The sequence's rows are argmax rows (tokens) or logits rows: whichever it added to.
+      const auto first_argmax = static_cast<int32_t>(batch.argmax_rows.size());
+      const auto first_logits = static_cast<int32_t>(batch.logit_rows.size());
       const std::pair<int32_t, int32_t> c = cap_of(it->seq.get());
-      auto size =
-          Guarded("drafting", [&] { return it->seq->PlanDecode(batch, c.first, c.second); });
+      auto size = Guarded(
+          "drafting", [&] { return it->seq->PlanDecode(batch, c.first, c.second, runner_draws); });
+      const bool argmax = static_cast<int32_t>(batch.argmax_rows.size()) > first_argmax;
+      const int32_t first_row = argmax ? first_argmax : first_logits;
       if (!size.ok()) {
         Complete(it, size.status().WithContext("drafting"));
       } else {

@@ -83,12 +83,15 @@ class Sequence {
   static void DraftTogether(std::span<Sequence* const> seqs, std::span<const DraftCap> caps);
   // Drafts this step's token tree, its shape cut at depth `depth_cap` (0: the root alone, i.e.
   // plain decoding; the adaptive controller's choice, engine/spec_controller.h), and adds it to
-  // `batch`; returns its size (>= 1), the number of logits rows it added. kDecode only.
+  // `batch`; returns its size (>= 1), the number of rows it added: logits rows, or argmax rows
+  // (token_rows(): argmaxes, or with `runner_draws` a sampled root-only step's draw; see
+  // RowRequest, engine/speculative_step.h). kDecode only.
   // `dynamic_nodes` >= 0: a dynamic tree (spec/dynamic_tree.h) of at most that many nodes past
   // the root, no deeper than `depth_cap` and the shape; kStaticTree: the shape's expansion.
+  // `runner_draws`: the LLM's runner draws sampled tokens (ModelRunner::draws_tokens).
   static constexpr int32_t kStaticTree = -1;
   StatusOr<int32_t> PlanDecode(ForwardBatch& batch, int32_t depth_cap = kNoDepthCap,
-                               int32_t dynamic_nodes = kStaticTree);
+                               int32_t dynamic_nodes = kStaticTree, bool runner_draws = false);
   // The deepest tree this step may draft (its shape, the tokens still wanted and the context);
   // 0 when it cannot speculate (no speculators, not decoding).
   int32_t max_spec_depth() const;
@@ -98,12 +101,12 @@ class Sequence {
   // Tokens generated so far.
   int32_t generated() const { return static_cast<int32_t>(result_.tokens.size()); }
   // After the pass that PlanDecode joined: `rows` holds this sequence's rows of it (logits
-  // [tree size, vocab], or their argmax [tree size] when argmax_rows()). Verifies, commits,
-  // emits; may finish the sequence.
+  // [tree size, vocab], or argmax rows [tree size] where PlanDecode added those). Verifies,
+  // commits, emits; may finish the sequence.
   Status Commit(const PassRows& rows, ModelRunner& runner);
-  // Whether its decode passes ask for argmax rows instead of logits rows: a greedy request whose
-  // callback reads no logits (GenerateRequest::callback_logits false).
-  bool argmax_rows() const { return request_.sampling.greedy() && !request_.callback_logits; }
+  // Whether its decode passes may ask for tokens instead of logits rows: a request whose callback
+  // reads no logits (GenerateRequest::callback_logits false). Greedy ones always do.
+  bool token_rows() const { return !request_.callback_logits; }
   // Before planning a pass: DataLoss ("KV lost: ...") if the sequence wrote KV entries under
   // another runner kv_epoch than `current` (they are gone); a sequence with no KV yet adopts it.
   Status CheckKvEpoch(uint64_t current);

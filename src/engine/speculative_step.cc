@@ -184,7 +184,7 @@ DraftContext SpeculativeStep::SessionContext(const DraftContext& ctx, size_t s,
 }
 
 StatusOr<int32_t> SpeculativeStep::Plan(int32_t root, const DraftContext* ctx, int32_t committed,
-                                        ForwardBatch& batch, bool argmax) {
+                                        ForwardBatch& batch, const RowRequest& rows) {
   // --- draft ---
   const auto d0 = Clock::now();
   tree_ = TokenTree(root);
@@ -261,8 +261,14 @@ StatusOr<int32_t> SpeculativeStep::Plan(int32_t root, const DraftContext* ctx, i
   const int32_t token_begin = batch.size();
   batch.AddSequence(seq_, toks, pos, committed_, size > 1 ? &mask_ : nullptr);
   // Rows in node order, which is what the verifier reads.
-  std::vector<int32_t>& rows = argmax ? batch.argmax_rows : batch.logit_rows;
-  for (int32_t v = 0; v < size; ++v) rows.push_back(token_begin + layout_of_[v]);
+  const bool greedy = rows.tokens && rows.sampling->greedy();
+  if (greedy || (rows.tokens && rows.draws && size == 1)) {
+    const TokenDraw draw =
+        greedy ? TokenDraw{} : TokenDraw::Of(*rows.sampling, rows.rng->Uniform());
+    for (int32_t v = 0; v < size; ++v) batch.AddTokenRow(token_begin + layout_of_[v], draw);
+  } else {
+    for (int32_t v = 0; v < size; ++v) batch.logit_rows.push_back(token_begin + layout_of_[v]);
+  }
   return size;
 }
 
@@ -274,10 +280,15 @@ StatusOr<SpeculativeStep::Outcome> SpeculativeStep::Verify(const PassRows& rows,
   std::span<const float> logits = rows.logits;
   VerifyOutcome verified;
   if (!rows.argmax.empty()) {
-    if (!sampling.greedy()) return InternalError("argmax rows for a sampled sequence");
     if (rows.argmax.size() < static_cast<size_t>(size))
       return InternalError("pass returned fewer argmax rows than the tree has nodes");
-    verified = VerifyGreedy(tree_, rows.argmax);
+    if (sampling.greedy()) {
+      verified = VerifyGreedy(tree_, rows.argmax);
+    } else {
+      // The root's draw (Plan): the LLM's token, nothing proposed to accept.
+      if (size != 1) return InternalError("a sampled tree came back as argmax rows");
+      verified.next_token = rows.argmax[0];
+    }
   } else {
     if (logits.size() < static_cast<size_t>(size) * vocab)
       return InternalError("pass returned fewer logits rows than the tree has nodes");

@@ -36,6 +36,19 @@
 
 namespace specinfer {
 
+// How a tree's rows come back (SpeculativeStep::Plan's `rows`): logits rows, or with `tokens` (a
+// sequence that reads no logits) one token per node found where the logits are: the argmax rows
+// of a greedy `sampling`; for a sampled one whose tree is the root alone, where `draws`
+// (ModelRunner::draws_tokens), the token drawn at a uniform taken from `rng` in Plan (the very
+// draw Verify would take from the row). A sampled tree of more nodes gets logits rows: its
+// verification needs their distributions.
+struct RowRequest {
+  bool tokens = false;
+  bool draws = false;
+  const SamplingParams* sampling = nullptr;  // required with `tokens`
+  Rng* rng = nullptr;                        // required with `draws`
+};
+
 class SpeculativeStep {
  public:
   // For sequence `seq` of `kv`; `stats` (which must outlive it) receives the statistics.
@@ -101,17 +114,17 @@ class SpeculativeStep {
                             std::span<const DraftContext> contexts);
 
   // Drafts the tree rooted at `root` (with `ctx`; null: the root alone), reserves its KV entries
-  // after the `committed` ones, and adds it to `batch` with its logits rows in node order (its
-  // argmax rows instead with `argmax`: a greedy sequence that reads no logits). The
+  // after the `committed` ones, and adds it to `batch` with its rows in node order, as `rows`
+  // asks: logits rows, or argmax rows (ForwardBatch::AddTokenRow, a sampled draw). The
   // tree holds at most min(ctx->max_nodes, TreeShape::kMaxNodes) nodes past the root: the drafts
   // propose in turn, each within what the earlier ones left (static shapes) or an even share of
   // it (dynamic trees); a draft that ignores budgets is merged only where its shape's whole
   // expansion fits.
-  // Returns the tree's size (>= 1), which is the number of logits rows it added. A session
+  // Returns the tree's size (>= 1), which is the number of rows it added. A session
   // whose Propose finds no room (ResourceExhausted) proposes nothing this step; any other error
   // of a session is returned.
   StatusOr<int32_t> Plan(int32_t root, const DraftContext* ctx, int32_t committed,
-                         ForwardBatch& batch, bool argmax = false);
+                         ForwardBatch& batch, const RowRequest& rows = {});
 
   // A token to emit and the logits row it was chosen from (a row of Verify's `logits`; empty
   // when the pass brought back argmax rows).
@@ -124,7 +137,7 @@ class SpeculativeStep {
     int32_t committed = 0;       // committed KV entries after the step
   };
   // After the pass: `rows` holds the tree's logits rows ([tree size, vocab], node order), or
-  // its argmax rows ([tree size]) when Plan asked for those (greedy `sampling` only). Verifies
+  // its argmax rows ([tree size]: argmaxes, or the root's draw) when Plan asked for those. Verifies
   // with `sampling` and `rng`, compacts the accepted path's KV entries on `runner` and drops the
   // rest.
   StatusOr<Outcome> Verify(const PassRows& rows, int32_t vocab, const SamplingParams& sampling,

@@ -187,7 +187,10 @@ void ComputeProbs(std::span<const float> logits, const SamplingParams& params,
 }
 
 int32_t SampleFromProbs(std::span<const float> probs, Rng& rng) {
-  const double u = rng.Uniform();
+  return SampleFromProbs(probs, rng.Uniform());
+}
+
+int32_t SampleFromProbs(std::span<const float> probs, double u) {
   double acc = 0.0;
   int32_t last_nonzero = 0;
   for (size_t i = 0; i < probs.size(); ++i) {

@@ -55,6 +55,9 @@ void ComputeProbs(std::span<const float> logits, const SamplingParams& params,
 // Draws an index from a distribution over its entries (which must sum to ~1; the last nonzero
 // entry absorbs rounding).
 int32_t SampleFromProbs(std::span<const float> probs, Rng& rng);
+// The same draw at a given uniform u in [0, 1): the first index whose cumulative probability (in
+// index order, summed in double) exceeds u. SampleFromProbs(probs, rng) is this at rng.Uniform().
+int32_t SampleFromProbs(std::span<const float> probs, double u);
 
 // The next token under `params`: argmax for greedy, else a draw from ComputeProbs.
 int32_t SampleToken(std::span<const float> logits, const SamplingParams& params, Rng& rng,

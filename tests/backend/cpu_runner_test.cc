@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "model/loader.h"
+#include "sampling/sampler.h"
 #include "test_util.h"
 
 namespace specinfer {
@@ -228,6 +230,66 @@ TEST_F(CpuRunnerTest, ArgmaxRowsAreTheArgmaxOfTheirLogits) {
   b.argmax_rows = {0, 0};
   EXPECT_TRUE(runner_->ForwardArgmax(b, *kv_, logits, ids).ok());
   EXPECT_EQ(ids[0], ids[1]);
+}
+
+// A sampled sequence that reads no logits has its token drawn by the runner (ForwardBatch::draws):
+// the default (host) ForwardArgmax takes SampleFromProbs of the row's ComputeProbs at the draw's
+// uniform, greedy draws stay argmaxes, and malformed draws are refused.
+TEST_F(CpuRunnerTest, DrawsAreSampledFromTheirRows) {
+  SeqId s = kv_->AddSequence();
+  const std::vector<int32_t> toks = {1, 403, 407, 261};
+  ASSERT_TRUE(kv_->Reserve(s, 4).ok());
+  ForwardBatch b;
+  b.AddSequence(s, toks, std::vector<int32_t>{0, 1, 2, 3}, 0, nullptr);
+  b.logit_rows = {0, 1, 2, 3};
+  const std::vector<TokenDraw> draws = {
+      {1.0f, 0, 1.0f, 0.3}, {0.0f, 0, 1.0f, 0.5}, {0.7f, 20, 0.9f, 0.99}, {1.3f, 0, 0.8f, 0.0}};
+  for (int32_t r = 0; r < 4; ++r) b.AddTokenRow(r, draws[static_cast<size_t>(r)]);
+  ASSERT_EQ(b.draws.size(), 4u);
+  EXPECT_TRUE(b.has_draws());
+  ForwardBatch greedy_first;  // an argmax row before the first draw is filled in as greedy
+  greedy_first.AddTokenRow(0);
+  EXPECT_TRUE(greedy_first.draws.empty());
+  greedy_first.AddTokenRow(1, draws[0]);
+  ASSERT_EQ(greedy_first.draws.size(), 2u);
+  EXPECT_TRUE(greedy_first.draws[0].greedy());
+  EXPECT_FALSE(greedy_first.draws[1].greedy());
+  std::vector<float> logits(4 * static_cast<size_t>(vocab()));
+  std::vector<int32_t> ids(4);
+  ASSERT_TRUE(runner_->ForwardArgmax(b, *kv_, logits, ids).ok());
+  for (int32_t r = 0; r < 4; ++r) {
+    const TokenDraw& d = draws[static_cast<size_t>(r)];
+    const std::span<const float> row(logits.data() + static_cast<size_t>(r) * vocab(),
+                                     static_cast<size_t>(vocab()));
+    if (d.greedy()) {
+      EXPECT_EQ(ids[r], Argmax(row));
+      continue;
+    }
+    std::vector<float> probs;
+    ComputeProbs(row, d.params(), probs);
+    EXPECT_EQ(ids[r], SampleFromProbs(probs, d.u)) << "row " << r;
+  }
+  // The uniform decides: across u, row 0 at temperature 5 (nearly flat) gives many tokens.
+  std::set<int32_t> seen;
+  b.draws[0].temperature = 5.0f;
+  for (double u = 0.0; u < 1.0; u += 0.05) {
+    b.draws[0].u = u;
+    ASSERT_TRUE(runner_->ForwardArgmax(b, *kv_, logits, ids).ok());
+    seen.insert(ids[0]);
+  }
+  EXPECT_GE(seen.size(), 5u);
+  // Malformed draws.
+  for (double bad : {1.0, -0.1, std::nan("")}) {
+    b.draws[0].u = bad;
+    EXPECT_EQ(runner_->ForwardArgmax(b, *kv_, logits, ids).code(), StatusCode::kInvalidArgument)
+        << bad;
+  }
+  b.draws[0].u = 0.3;
+  b.draws[0].top_p = 0.0f;
+  EXPECT_EQ(runner_->ForwardArgmax(b, *kv_, logits, ids).code(), StatusCode::kInvalidArgument);
+  b.draws[0].top_p = 1.0f;
+  b.draws.pop_back();
+  EXPECT_EQ(runner_->ForwardArgmax(b, *kv_, logits, ids).code(), StatusCode::kInvalidArgument);
 }
 
 // Shares of a row over disjoint columns combine to the whole row's Argmax, in any order: the

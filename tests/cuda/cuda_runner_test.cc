@@ -410,6 +410,50 @@ TEST(CudaRunner, SpeculativeGenerationEqualsIncrementalOnGpu) {
   EXPECT_EQ(gpu->kv().used_blocks(), 0);
 }
 
+// A sampled sequence that reads no logits (GenerateRequest::callback_logits false) gets its tokens
+// drawn on the GPU (ForwardBatch::draws; kernels/sampling.cuh DrawTokens) at the uniforms its
+// seeded random stream supplies: the same tokens as sampling on the host from the GPU's logits
+// rows, and as the CPU backend's, under temperature, top-k and top-p; no logits row reaches the
+// callback, and the draws replay the decode graphs.
+TEST(CudaRunner, SampledTokensAreDrawnOnTheGpu) {
+  auto cpu = StoriesEngine("cpu");
+  auto gpu = StoriesEngine("cuda");
+  ASSERT_TRUE(cpu && gpu);
+  auto* cuda_runner = dynamic_cast<CudaModelRunner*>(&gpu->runner());
+  ASSERT_NE(cuda_runner, nullptr);
+  struct Case {
+    float temperature;
+    int32_t top_k;
+    float top_p;
+  };
+  for (const Case& c : {Case{1.0f, 0, 1.0f}, Case{0.8f, 0, 0.9f}, Case{1.2f, 20, 0.95f}}) {
+    GenerateRequest req;
+    req.prompt_tokens = *gpu->EncodePrompt("Once upon a time");
+    req.max_new_tokens = testing::kEmulated ? 24 : 100;
+    req.sampling.temperature = c.temperature;
+    req.sampling.top_k = c.top_k;
+    req.sampling.top_p = c.top_p;
+    req.sampling.seed = 11;
+    auto cpu_tokens = cpu->Generate(req);
+    auto host_drawn = gpu->Generate(req);  // logits rows, sampled on the host
+    req.callback_logits = false;
+    const int64_t replayed = cuda_runner->graph_stats().replayed;
+    size_t without_logits = 0;
+    auto gpu_drawn = gpu->Generate(req, [&](int32_t, std::span<const float> logits) {
+      without_logits += logits.empty();
+      return true;
+    });
+    ASSERT_TRUE(cpu_tokens.ok() && host_drawn.ok() && gpu_drawn.ok());
+    const std::string what = "T " + std::to_string(c.temperature) + " top_k " +
+                             std::to_string(c.top_k) + " top_p " + std::to_string(c.top_p);
+    EXPECT_EQ(gpu_drawn->tokens, host_drawn->tokens) << what;
+    EXPECT_EQ(gpu_drawn->tokens, cpu_tokens->tokens) << what;
+    EXPECT_EQ(without_logits, gpu_drawn->tokens.size()) << what;
+    EXPECT_GT(cuda_runner->graph_stats().replayed, replayed) << what;
+  }
+  EXPECT_EQ(gpu->kv().used_blocks(), 0);
+}
+
 // The engine's decode and tree passes replay graphs, and --enforce-eager (cuda_graphs false)
 // launches them kernel by kernel: sampled speculative generation with the same seed gives the
 // same tokens either way.

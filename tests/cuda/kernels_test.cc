@@ -607,5 +607,71 @@ TEST(CudaSampling, ProbabilitiesMatchComputeProbs) {
   }
 }
 
+// DrawTokens: greedy rows take the argmax (and its logit); sampled rows are overwritten with their
+// SamplingProbs distribution, bit for bit, and take the token SampleFromProbs draws from that
+// distribution at the row's uniform, including u = 0 (the first kept token) and u just below 1.
+TEST(CudaSampling, DrawsTakeTheTokenSampleFromProbsTakes) {
+  std::mt19937 rng(21);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  int checked = 0;
+  for (int32_t vocab : {1, 7, 512, 5000}) {
+    std::vector<kernels::TokenDraw> draws;
+    for (float t : {0.0f, 1.0f, 0.7f}) {
+      for (int32_t k : {0, 1, 40}) {
+        for (float p : {1.0f, 0.9f}) {
+          for (double u : {0.0, 0.999999999, uniform(rng), uniform(rng)}) {
+            kernels::TokenDraw d;
+            d.temperature = t;
+            d.top_k = k;
+            d.top_p = p;
+            d.u = u;
+            draws.push_back(d);
+          }
+        }
+      }
+    }
+    const auto rows = static_cast<int32_t>(draws.size());
+    std::vector<float> logits(static_cast<size_t>(rows) * vocab);
+    for (float& v : logits) v = normal(rng);
+    for (int32_t i = 0; i < vocab; ++i)  // row 1: ties everywhere
+      logits[static_cast<size_t>(vocab) + i] = static_cast<float>(i % 3);
+    DeviceArray<float> dl(logits), values(rows);
+    DeviceArray<int32_t> out(rows);
+    DeviceArray<kernels::TokenDraw> dd(draws);
+    CUDA_OK(kernels::LaunchDrawTokens(dl.get(), rows, vocab, dd.get(), out.get(), nullptr,
+                                      values.get()));
+    const std::vector<int32_t> got = out.Download();
+    const std::vector<float> rows_after = dl.Download(), got_values = values.Download();
+    for (int32_t r = 0; r < rows; ++r) {
+      const kernels::TokenDraw& d = draws[static_cast<size_t>(r)];
+      const std::span<const float> row(&logits[static_cast<size_t>(r) * vocab],
+                                       static_cast<size_t>(vocab));
+      const std::string what = "vocab " + std::to_string(vocab) + " row " + std::to_string(r) +
+                               " T " + std::to_string(d.temperature) + " k " +
+                               std::to_string(d.top_k) + " p " + std::to_string(d.top_p) + " u " +
+                               std::to_string(d.u);
+      if (d.temperature <= 0.0f || d.top_k == 1) {
+        EXPECT_EQ(got[r], Argmax(row)) << what;
+        EXPECT_EQ(got_values[r], row[static_cast<size_t>(got[r])]) << what;
+        continue;
+      }
+      // The row now holds SamplingProbs' distribution.
+      DeviceArray<float> one(std::vector<float>(row.begin(), row.end()));
+      DeviceArray<float> probs(static_cast<size_t>(vocab));
+      CUDA_OK(kernels::LaunchSamplingProbs(one.get(), 1, vocab, {d.temperature, d.top_k, d.top_p},
+                                           probs.get(), nullptr));
+      const std::vector<float> want_probs = probs.Download();
+      const std::vector<float> got_probs(rows_after.begin() + static_cast<int64_t>(r) * vocab,
+                                         rows_after.begin() + static_cast<int64_t>(r + 1) * vocab);
+      EXPECT_EQ(got_probs, want_probs) << what;
+      EXPECT_EQ(got[r], SampleFromProbs(want_probs, d.u)) << what;
+      EXPECT_EQ(got_values[r], want_probs[static_cast<size_t>(got[r])]) << what;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 100);
+}
+
 }  // namespace
 }  // namespace specinfer

@@ -59,7 +59,9 @@ EngineCore::Admission AddTo(EngineCore& batch, const GenerateRequest& req, Outco
 // With `budget` kAuto, only greedy sequences are compared with their run alone (see MakeEngine),
 // and the sampled ones of the mix become greedy. Half the greedy sequences read no logits in the
 // batch (GenerateRequest::callback_logits false): their passes bring back argmax rows beside the
-// others' logits rows, and they must still equal their runs alone, which read logits.
+// others' logits rows, and they must still equal their runs alone, which read logits. So do the
+// sampled sequences without speculators that read no logits, whose tokens the runner draws
+// (ForwardBatch::draws) at uniforms taken before the pass instead of after it.
 void ExpectThirtyTwoMixedSequencesEachEqualAlone(SpecBudgetMode budget) {
   const bool adaptive = budget == SpecBudgetMode::kAuto;
   auto engine = MakeEngine(32, budget);
@@ -113,14 +115,20 @@ void ExpectThirtyTwoMixedSequencesEachEqualAlone(SpecBudgetMode budget) {
   EngineCore batch(engine->runner(), engine->kv(), o);
   std::vector<Outcome> out(reqs.size());
   int32_t argmax_sequences = 0;
+  int32_t drawn_sequences = 0;
   for (size_t i = 0; i < reqs.size(); ++i) {
     if (reqs[i].sampling.greedy() && i % 2 == 0) {
       reqs[i].callback_logits = false;
       ++argmax_sequences;
     }
+    if (!reqs[i].sampling.greedy() && reqs[i].speculators.empty() && i % 2 == 0) {
+      reqs[i].callback_logits = false;  // its tokens are drawn by the runner (ForwardBatch::draws)
+      ++drawn_sequences;
+    }
     ASSERT_EQ(AddTo(batch, reqs[i], out[i]), EngineCore::Admission::kAdmitted) << i;
   }
   EXPECT_GE(argmax_sequences, 5);
+  EXPECT_GE(drawn_sequences, 2);
   int32_t steps = 0, peak = 0;
   while (!batch.idle() && steps < 10000) {
     peak = std::max(peak, batch.num_running());

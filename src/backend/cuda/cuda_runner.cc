@@ -876,9 +876,17 @@ struct PieceOps {
           cudaMemcpyAsync(im.logits_host.get(), im.logits, static_cast<size_t>(m * vocab) * 4,
                           cudaMemcpyDeviceToHost, im.stream),
           "logits download");
-    SI_RETURN_IF_ERROR(Check(kernels::LaunchArgmax(im.logits, m, static_cast<int32_t>(vocab),
-                                                   im.argmax_ids, im.stream, im.argmax_values),
-                             "argmax"));
+    if (d_draws != nullptr) {
+      SI_RETURN_IF_ERROR(
+          Check(kernels::LaunchDrawTokens(im.logits, m, static_cast<int32_t>(vocab),
+                                          d_draws + (r0 - logit_local.size()), im.argmax_ids,
+                                          im.stream, im.argmax_values),
+                "token draws"));
+    } else {
+      SI_RETURN_IF_ERROR(Check(kernels::LaunchArgmax(im.logits, m, static_cast<int32_t>(vocab),
+                                                     im.argmax_ids, im.stream, im.argmax_values),
+                               "argmax"));
+    }
     SI_RETURN_IF_ERROR(
         Check(cudaMemcpyAsync(argmax_ids_host(), im.argmax_ids, static_cast<size_t>(m) * 4,
                               cudaMemcpyDeviceToHost, im.stream),
@@ -927,6 +935,7 @@ struct PieceOps {
   const int32_t* d_pos = nullptr;
   const int64_t* d_slots = nullptr;
   const int32_t* d_lrows = nullptr;
+  const kernels::TokenDraw* d_draws = nullptr;  // [argmax rows] with sampled draws, else null
   kernels::TreeAttentionParams attn;  // all but the layer's caches, set once per piece
 };
 
@@ -1025,6 +1034,19 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
       argmax_index.push_back(static_cast<int32_t>(i));
     }
   }
+  // With sampled draws, every argmax row's rule (ForwardBatch::draws), for DrawTokens.
+  std::vector<kernels::TokenDraw> draws;
+  if (batch.has_draws()) {
+    for (int32_t i : argmax_index) {
+      const TokenDraw& d = batch.draws[static_cast<size_t>(i)];
+      kernels::TokenDraw k;
+      k.temperature = d.temperature;
+      k.top_k = d.top_k;
+      k.top_p = d.top_p;
+      k.u = d.u;
+      draws.push_back(k);
+    }
+  }
 
   // The metadata, laid out so that every offset but the end depends only on the pass's shape
   // (the graph key below): the block tables, which grow with the contexts, come last.
@@ -1037,6 +1059,7 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
   const int64_t work_off = Append(blob, ap.work.data(), ap.work.size());
   const int64_t treq_off = Append(blob, ap.token_request.data(), ap.token_request.size());
   const int64_t lrow_off = Append(blob, lrows.data(), lrows.size());
+  const int64_t draw_off = Append(blob, draws.data(), draws.size());
   const int64_t table_off = Append(blob, tables.data(), tables.size());
   const int64_t bytes = static_cast<int64_t>(blob.size());
   // Grown with room to spare: a new address is a new graph key.
@@ -1054,6 +1077,7 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
   ops.d_pos = reinterpret_cast<const int32_t*>(md + pos_off);
   ops.d_slots = reinterpret_cast<const int64_t*>(md + slot_off);
   ops.d_lrows = reinterpret_cast<const int32_t*>(md + lrow_off);
+  if (!draws.empty()) ops.d_draws = reinterpret_cast<const kernels::TokenDraw*>(md + draw_off);
   kernels::TreeAttentionParams& ap_params = ops.attn;
   ap_params.out = att;
   ap_params.q = kv_type == kernels::AttnType::kF32 ? static_cast<const void*>(q) : q_kv;
@@ -1094,6 +1118,7 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
                                       ap.any_split,
                                       static_cast<int64_t>(logit_local.size()),
                                       static_cast<int64_t>(argmax_index.size()),
+                                      static_cast<int64_t>(draws.size()),
                                       reinterpret_cast<intptr_t>(md),
                                       reinterpret_cast<intptr_t>(logits_host.get())};
     ops.deferred = true;
@@ -1162,6 +1187,8 @@ Status CudaModelRunner::Impl::Run(const ForwardBatch& batch,
     return InvalidArgumentError("logits buffer too small for this share's columns");
   if (layout.stage + 1 == layout.num_stages && argmax.size() < batch.argmax_rows.size())
     return InvalidArgumentError("argmax buffer too small");
+  if (sharded() && batch.has_draws())
+    return InvalidArgumentError("a share of the model does not draw sampled tokens");
   const int32_t n = batch.size();
   if (n == 0) return Status::Ok();
   SI_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(opt.device), "cudaSetDevice"));
@@ -1212,6 +1239,8 @@ Status CudaModelRunner::ForwardArgmax(const ForwardBatch& batch, const KvCacheMa
   for (size_t i = 0; i < shares.size(); ++i) argmax[i] = shares[i].id;
   return Status::Ok();
 }
+
+bool CudaModelRunner::draws_tokens() const { return !impl_->sharded(); }
 
 Status CudaModelRunner::ForwardWithTables(const ForwardBatch& batch,
                                           std::span<const std::span<const int32_t>> tables,

@@ -34,8 +34,10 @@
 //     logits are bit-identical to the whole-model runner's columns; a 1 x 1 layout runs exactly the
 //     whole-model pass (no extra copies or launches). All ranks must use the same max_batch_tokens
 //     (pieces line up).
-//   - greedy rows' argmax on the device (ForwardArgmax: ForwardBatch::argmax_rows): the
-//     classifier's output stays on the GPU and only token ids come back.
+//   - greedy rows' argmax on the device (ForwardArgmax: ForwardBatch::argmax_rows), and a
+//     sampled sequence's token drawn there too (ForwardBatch::draws: temperature, top-k, top-p
+//     and the uniform its random stream supplied): the classifier's output stays on the GPU and
+//     only token ids come back.
 //   - CUDA graphs (CudaRunnerOptions::cuda_graphs): a batch-invariant pass of the whole model
 //     (1 x 1 layout) whose wanted rows fit a classifier chunk of each kind (up to 128 logits rows
 //     and 128 argmax rows) is captured into a graph the
@@ -45,14 +47,14 @@
 //     attention work items and chunking, rows wanted. Decode at a given batch size keeps one
 //     graph while the contexts grow (the work items change only every attention chunk), a fixed
 //     tree shape one more. A failed capture turns graphs off for the runner (warning logged).
-// Not done: graphs for TP x PP shares (collectives are not captured), Q5_0/Q5_1, sampled rows'
-// distributions on the device (logits rows are copied back; the device sampling kernel is in
-// kernels/sampling.cuh). Numerics against the CPU backend (float32 weights and KV): products and
-// attention differ only in summation order (relative differences ~1e-6 on logits), RoPE tables are
-// the CPU's. Within the GPU, batch-invariant passes are bit-exact: a token's logits do not depend
-// on its batch, and a tree node's equal those of decoding its path token by token
-// (kernels/linear.cuh, kernels/tree_attention.cuh), so speculative greedy output equals incremental
-// output.
+// Not done: graphs for TP x PP shares (collectives are not captured), Q5_0/Q5_1; a sampled token
+// tree's rows still come back as logits (multi-step speculative sampling reads their
+// distributions on the host), as do the rows of requests that read logits (logprobs). Numerics
+// against the CPU backend (float32 weights and KV): products and attention differ only in summation
+// order (relative differences ~1e-6 on logits), RoPE tables are the CPU's. Within the GPU,
+// batch-invariant passes are bit-exact: a token's logits do not depend on its batch, and a tree
+// node's equal those of decoding its path token by token (kernels/linear.cuh,
+// kernels/tree_attention.cuh), so speculative greedy output equals incremental output.
 //
 // Thread safety: one Forward/MoveKv at a time (the engine's step loop), as the CPU runner.
 // This header has no CUDA types; it exists only in builds with SPECINFER_WITH_CUDA.
@@ -140,11 +142,13 @@ class CudaModelRunner final : public ModelRunner {
   // touched. A failed pass aborts the group (its peers' passes fail instead of waiting).
   Status Forward(const ForwardBatch& batch, const KvCacheManager& kv,
                  std::span<float> logits) override;
-  // The argmax rows' ids are found on the GPU (kernels/sampling.cuh), after the classifier: only
-  // they cross to the host, not [argmax_rows, vocab] floats. A share (TP > 1) refuses it: its
-  // rows' argmax over its columns alone is ForwardWithTables' ArgmaxShare.
+  // The argmax rows' ids (argmaxes or draws) are found on the GPU (kernels/sampling.cuh), after
+  // the classifier: only they cross to the host, not [argmax_rows, vocab] floats. A share (TP > 1)
+  // refuses it: its rows' argmax over its columns alone is ForwardWithTables' ArgmaxShare.
   Status ForwardArgmax(const ForwardBatch& batch, const KvCacheManager& kv, std::span<float> logits,
                        std::span<int32_t> argmax) override;
+  // Sampled draws run on the device (kernels/sampling.cuh DrawTokens); not on a share.
+  bool draws_tokens() const override;
   Status MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,
                 std::span<const int32_t> dst) override;
   // The same, with the block tables given directly (an LLM worker, which gets them with every
