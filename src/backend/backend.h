@@ -160,6 +160,12 @@ class ModelRunner {
   // batch with sampled draws, and the engine sends it logits rows for its sampled sequences.
   virtual bool draws_tokens() const { return true; }
 
+  // Passes of a new batch shape to run before one shows its steady cost: 2 for a runner that
+  // captures a shape's CUDA graph the second time it comes (the third pass is the first replay),
+  // 0 for one whose passes cost the same from the first. Cost calibration (the engine core's)
+  // runs these untimed before each timed pass.
+  virtual int32_t warmup_passes() const { return 0; }
+
   // Copies the K/V entries of `seq` at positions src[i] to positions dst[i] (all layers), in
   // order. Used to compact an accepted tree path into consecutive positions.
   virtual Status MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,

@@ -247,18 +247,20 @@ CoreScheduler::ScheduledStep CoreScheduler::Schedule() {
 void CoreScheduler::Calibrate() {
   controller_->set_calibrated();
   // Passes of a scratch sequence, a chain of T tokens with every row's logits (as a tree pass
-  // has), timed after one warm-up pass; only within the KV blocks nobody may claim.
+  // has), after one warm-up pass; each timed pass of a size after the runner's warm-up passes of
+  // that shape (ModelRunner::warmup_passes: a CUDA runner's first replay of the shape's graph,
+  // as serving runs it, not its capture). Only within the KV blocks nobody may claim.
   const int32_t vocab = runner_.model().config().vocab_size;
   const int32_t free = kv_.num_blocks() - static_cast<int32_t>(reserved_blocks_);
+  const int32_t untimed = std::max(runner_.warmup_passes(), 0);
   std::vector<float> logits;
   const SeqId seq = kv_.AddSequence();
-  for (int32_t t : {1, 1, 2, 3, 5, 9, 17, 33, 65}) {
-    if (t > options_.max_batch_tokens || (t + kv_.block_size() - 1) / kv_.block_size() > free)
-      break;
+  // The seconds of one pass of t tokens.
+  auto pass = [&](int32_t t) -> StatusOr<double> {
     ForwardBatch batch;
     std::vector<int32_t> toks(static_cast<size_t>(t), 0), pos(static_cast<size_t>(t));
     for (int32_t i = 0; i < t; ++i) pos[static_cast<size_t>(i)] = i;
-    if (!kv_.Reserve(seq, t).ok()) break;
+    SI_RETURN_IF_ERROR(kv_.Reserve(seq, t));
     batch.AddSequence(seq, toks, pos, 0, nullptr);
     for (int32_t i = 0; i < t; ++i) batch.logit_rows.push_back(i);
     logits.resize(static_cast<size_t>(t) * vocab);
@@ -267,12 +269,22 @@ void CoreScheduler::Calibrate() {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     kv_.Truncate(seq, 0);
-    if (!s.ok()) {
-      spdlog::warn("speculation cost calibration stopped: {}", s.ToString());
+    if (!s.ok()) return s;
+    return seconds;
+  };
+  bool warm = false;
+  for (int32_t t : {1, 2, 3, 5, 9, 17, 33, 65}) {
+    if (t > options_.max_batch_tokens || (t + kv_.block_size() - 1) / kv_.block_size() > free)
+      break;
+    StatusOr<double> seconds = 0.0;
+    for (int32_t i = warm ? 0 : -1; i <= untimed && seconds.ok(); ++i) seconds = pass(t);
+    warm = true;
+    if (!seconds.ok()) {
+      spdlog::warn("speculation cost calibration stopped: {}", seconds.status().ToString());
       break;
     }
-    controller_->ObserveCalibration(t, seconds);
-    spdlog::debug("speculation cost calibration: {} tokens in {:.2f} ms", t, seconds * 1e3);
+    controller_->ObserveCalibration(t, *seconds);
+    spdlog::debug("speculation cost calibration: {} tokens in {:.2f} ms", t, *seconds * 1e3);
   }
   kv_.RemoveSequence(seq);
 }

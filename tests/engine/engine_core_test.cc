@@ -293,6 +293,65 @@ class FailingRunner final : public ModelRunner {
   int calls_ = 0;
 };
 
+// A runner that asks for `warmup` untimed passes of each new shape (ModelRunner::warmup_passes)
+// and records the size of every cost-calibration pass (a chain of token 0s with every row's
+// logits); else it runs the real one.
+class CalibrationRecorder final : public ModelRunner {
+ public:
+  CalibrationRecorder(ModelRunner& inner, int32_t warmup) : inner_(inner), warmup_(warmup) {}
+  const Model& model() const override { return inner_.model(); }
+  std::string name() const override { return "calibration-recorder"; }
+  Status Forward(const ForwardBatch& b, const KvCacheManager& kv, std::span<float> l) override {
+    const bool calibration =
+        b.logit_rows.size() == b.tokens.size() &&
+        std::all_of(b.tokens.begin(), b.tokens.end(), [](int32_t t) { return t == 0; });
+    if (calibration) calibration_sizes.push_back(b.size());
+    return inner_.Forward(b, kv, l);
+  }
+  Status MoveKv(const KvCacheManager& kv, SeqId s, std::span<const int32_t> src,
+                std::span<const int32_t> dst) override {
+    return inner_.MoveKv(kv, s, src, dst);
+  }
+  int32_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
+  int32_t kv_block_size() const override { return inner_.kv_block_size(); }
+  int32_t warmup_passes() const override { return warmup_; }
+
+  std::vector<int32_t> calibration_sizes;
+
+ private:
+  ModelRunner& inner_;
+  int32_t warmup_;
+};
+
+// The adaptive controller's cost calibration times each size's steady pass: one warm-up pass of
+// the model, then per size the runner's warm-up passes of that shape before the timed one (a
+// CUDA runner with graphs: the capture is not timed, the first replay is).
+TEST(EngineCore, CalibrationTimesEachShapeAfterTheRunnersWarmUpPasses) {
+  auto engine = MakeEngine(4, SpecBudgetMode::kAuto);
+  ASSERT_TRUE(engine);
+  for (int32_t warmup : {0, 2}) {
+    CalibrationRecorder runner(engine->runner(), warmup);
+    BatchOptions o;
+    o.spec_budget = SpecBudgetMode::kAuto;
+    o.max_batch_tokens = 128;
+    EngineCore batch(runner, engine->kv(), o);
+    GenerateRequest req;
+    req.prompt_tokens = *engine->EncodePrompt("Once upon a time");
+    req.max_new_tokens = 8;
+    req.sampling.temperature = 0;
+    req.speculators = {*engine->GetSpeculator("ngram")};
+    req.tree_shape = *TreeShape::Parse("1,1,1");
+    Outcome out;
+    ASSERT_EQ(AddTo(batch, req, out), EngineCore::Admission::kAdmitted);
+    while (!out.done) batch.Step();
+    ASSERT_TRUE(out.done->ok()) << out.done->status().ToString();
+    std::vector<int32_t> want = {1};
+    for (int32_t t : {1, 2, 3, 5, 9, 17, 33, 65})
+      for (int32_t i = 0; i <= warmup; ++i) want.push_back(t);
+    EXPECT_EQ(runner.calibration_sizes, want) << "warm-up passes " << warmup;
+  }
+}
+
 TEST(EngineCore, AFailedPassFailsItsSequencesAndServingGoesOn) {
   auto engine = MakeEngine(4);
   ASSERT_TRUE(engine);

@@ -1242,6 +1242,11 @@ Status CudaModelRunner::ForwardArgmax(const ForwardBatch& batch, const KvCacheMa
 
 bool CudaModelRunner::draws_tokens() const { return !impl_->sharded(); }
 
+int32_t CudaModelRunner::warmup_passes() const {
+  const Impl& im = *impl_;
+  return im.opt.cuda_graphs && im.opt.max_graphs > 0 && !im.sharded() ? 2 : 0;
+}
+
 Status CudaModelRunner::ForwardWithTables(const ForwardBatch& batch,
                                           std::span<const std::span<const int32_t>> tables,
                                           std::span<float> logits, std::span<ArgmaxShare> argmax) {

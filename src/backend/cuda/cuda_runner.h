@@ -149,6 +149,8 @@ class CudaModelRunner final : public ModelRunner {
                        std::span<int32_t> argmax) override;
   // Sampled draws run on the device (kernels/sampling.cuh DrawTokens); not on a share.
   bool draws_tokens() const override;
+  // 2 with CUDA graphs (a shape is captured the second time it comes), else 0.
+  int32_t warmup_passes() const override;
   Status MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,
                 std::span<const int32_t> dst) override;
   // The same, with the block tables given directly (an LLM worker, which gets them with every
