@@ -4,7 +4,9 @@
 // tokens/s, and the median / p90 / p99 of time to first token (TTFT: request sent -> first text)
 // and time per output token (TPOT: (last - first token time) / (tokens - 1), per request).
 // Requests are greedy, so every request's text must be the same with speculation on and off; the
-// program checks that and exits 1 if not. Each concurrency starts with one unmeasured run (it
+// program checks that and exits 1 if not. With --temperature T > 0 (and --top-p P) they are
+// sampled instead, each with its own seed: speculation keeps the distribution, not the text, so
+// texts are not compared. Each concurrency starts with one unmeasured run (it
 // fills the prefix cache with the prompts, as every later run finds it). With --repeat R it then
 // runs R pairs, off-on, on-off, off-on, ... (the order alternates, so a drift of the machine's
 // speed does not favour either side) and reports the median on/off tok/s ratio of the R pairs;
@@ -16,6 +18,7 @@
 //                 [--requests 32] [--max-tokens 64] [--draft ngram] [--tree 1,1,1,1]
 //                 [--workload edit|open] [--chat-template chatml] [--repeat 1]
 //                 [--spec-budget auto|static|dynamic] [--batch-drafts on|off] [--json FILE]
+//                 [--temperature 0] [--top-p 1]
 //   bench_serving --cluster CONFIG [--model M [--tokenizer T]] [--specinfer PATH] ...
 //   bench_serving --model M --workload chat-multiturn [--conversations 16] [--turns 8]
 //                 [--max-tokens 24] [--rounds 2] [--json]
@@ -148,6 +151,7 @@ struct BenchSettings {
   std::vector<int> concurrency;
   int requests = 32, max_tokens = 64, repeat = 1;
   std::string draft, tree, workload, json_path;
+  float temperature = 0.0f, top_p = 1.0f;  // sampled requests where temperature > 0
 };
 int RunBenchmark(int port, const std::string& what, const BenchSettings& b);
 
@@ -504,8 +508,15 @@ int Main(int argc, char** argv) {
   app.add_option("--json", json_path,
                  "Write every run's figures and the medians to this file ('-': standard output, "
                  "instead of the table; chat-multiturn only)");
+  float temperature = 0.0f, top_p = 1.0f;
+  app.add_option("--temperature", temperature,
+                 "Sampling temperature of every request (0: greedy, and texts compared)")
+      ->check(CLI::Range(0.0f, 100.0f));
+  app.add_option("--top-p", top_p, "Nucleus mass of sampled requests")
+      ->check(CLI::Range(0.001f, 1.0f));
   CLI11_PARSE(app, argc, argv);
-  BenchSettings bs{concurrency, requests, max_tokens, repeat, draft, tree, workload, json_path};
+  BenchSettings bs{concurrency, requests, max_tokens, repeat,      draft,
+                   tree,        workload, json_path,  temperature, top_p};
   spdlog::set_level(spdlog::level::warn);
   spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug shows the engine's per-step choices
   if (model.empty() && cluster.empty()) {
@@ -602,9 +613,13 @@ int RunBenchmark(int port, const std::string& what, const BenchSettings& bs) {
                {{{"role", "user"},
                  {"content", workload == "edit" ? "Repeat this text exactly: " + t : t}}}},
               {"max_tokens", max_tokens},
-              {"temperature", 0},
+              {"temperature", bs.temperature},
               {"stream", true},
               {"stream_options", {{"include_usage", true}}}};
+    if (bs.temperature > 0) {
+      b["top_p"] = bs.top_p;
+      b["seed"] = i;
+    }
     if (speculate) {
       b["speculation"] = {{"enabled", true}, {"tree", tree_widths}};
       if (!draft.empty()) b["speculation"]["draft"] = {draft};
@@ -612,9 +627,13 @@ int RunBenchmark(int port, const std::string& what, const BenchSettings& bs) {
     return b;
   };
 
-  std::printf("%s, workload %s, %d tokens per request, draft %s tree %s\n", what.c_str(),
+  char sampling[64] = "greedy";
+  if (bs.temperature > 0)
+    std::snprintf(sampling, sizeof sampling, "sampled: temperature %g top_p %g", bs.temperature,
+                  bs.top_p);
+  std::printf("%s, workload %s, %d tokens per request, draft %s tree %s, %s\n", what.c_str(),
               workload.c_str(), max_tokens, draft.empty() ? "(the server's)" : draft.c_str(),
-              tree.c_str());
+              tree.c_str(), sampling);
   std::printf("%-5s %-11s %8s %9s %9s %9s %9s %9s %9s %9s\n", "conc", "speculation", "req/s",
               "tok/s", "TTFT p50", "p90", "p99", "TPOT p50", "p90", "p99");
   RunOne(port, body(0, false));  // warm-up (page the weights in)
@@ -662,6 +681,7 @@ int RunBenchmark(int port, const std::string& what, const BenchSettings& bs) {
         tpot.push_back(s.tpot * 1e3);
         tokens += s.tokens;
         const int key = i % static_cast<int>(texts.size());
+        if (bs.temperature > 0) continue;  // sampled: the same distribution, not the same text
         if (!speculate) text_off[key] = s.text;
         else if (text_off.count(key) && text_off[key] != s.text) mismatch = true;
       }
