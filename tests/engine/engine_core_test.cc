@@ -270,14 +270,12 @@ TEST(EngineCore, CancelPollEndsASequenceStillInPrefill) {
   EXPECT_EQ(engine->kv().used_blocks(), 0);
 }
 
-// A runner that fails its N-th forward pass (counting from 1), else runs the real one.
-class FailingRunner final : public ModelRunner {
+// A runner that runs `inner`; the test runners below change what they need.
+class DelegatingRunner : public ModelRunner {
  public:
-  FailingRunner(ModelRunner& inner, int fail_at) : inner_(inner), fail_at_(fail_at) {}
+  explicit DelegatingRunner(ModelRunner& inner) : inner_(inner) {}
   const Model& model() const override { return inner_.model(); }
-  std::string name() const override { return "failing"; }
   Status Forward(const ForwardBatch& b, const KvCacheManager& kv, std::span<float> l) override {
-    if (++calls_ == fail_at_) return InternalError("injected failure");
     return inner_.Forward(b, kv, l);
   }
   Status MoveKv(const KvCacheManager& kv, SeqId s, std::span<const int32_t> src,
@@ -289,6 +287,19 @@ class FailingRunner final : public ModelRunner {
 
  private:
   ModelRunner& inner_;
+};
+
+// A runner that fails its N-th forward pass (counting from 1), else runs the real one.
+class FailingRunner final : public DelegatingRunner {
+ public:
+  FailingRunner(ModelRunner& inner, int fail_at) : DelegatingRunner(inner), fail_at_(fail_at) {}
+  std::string name() const override { return "failing"; }
+  Status Forward(const ForwardBatch& b, const KvCacheManager& kv, std::span<float> l) override {
+    if (++calls_ == fail_at_) return InternalError("injected failure");
+    return DelegatingRunner::Forward(b, kv, l);
+  }
+
+ private:
   int fail_at_;
   int calls_ = 0;
 };
@@ -296,30 +307,23 @@ class FailingRunner final : public ModelRunner {
 // A runner that asks for `warmup` untimed passes of each new shape (ModelRunner::warmup_passes)
 // and records the size of every cost-calibration pass (a chain of token 0s with every row's
 // logits); else it runs the real one.
-class CalibrationRecorder final : public ModelRunner {
+class CalibrationRecorder final : public DelegatingRunner {
  public:
-  CalibrationRecorder(ModelRunner& inner, int32_t warmup) : inner_(inner), warmup_(warmup) {}
-  const Model& model() const override { return inner_.model(); }
+  CalibrationRecorder(ModelRunner& inner, int32_t warmup)
+      : DelegatingRunner(inner), warmup_(warmup) {}
   std::string name() const override { return "calibration-recorder"; }
   Status Forward(const ForwardBatch& b, const KvCacheManager& kv, std::span<float> l) override {
     const bool calibration =
         b.logit_rows.size() == b.tokens.size() &&
         std::all_of(b.tokens.begin(), b.tokens.end(), [](int32_t t) { return t == 0; });
     if (calibration) calibration_sizes.push_back(b.size());
-    return inner_.Forward(b, kv, l);
+    return DelegatingRunner::Forward(b, kv, l);
   }
-  Status MoveKv(const KvCacheManager& kv, SeqId s, std::span<const int32_t> src,
-                std::span<const int32_t> dst) override {
-    return inner_.MoveKv(kv, s, src, dst);
-  }
-  int32_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
-  int32_t kv_block_size() const override { return inner_.kv_block_size(); }
   int32_t warmup_passes() const override { return warmup_; }
 
   std::vector<int32_t> calibration_sizes;
 
  private:
-  ModelRunner& inner_;
   int32_t warmup_;
 };
 
