@@ -285,7 +285,79 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Each row's distribution in place, and its count of nonzero probabilities.
+__global__ void __launch_bounds__(kThreads)
+    DistProbsKernel(float* __restrict__ logits, int32_t vocab,
+                    const TokenDraw* __restrict__ settings, int32_t* __restrict__ counts) {
+  __shared__ int is[kWarpsPerBlock];
+  float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  const TokenDraw d = settings[blockIdx.x];
+  RowProbs(row, vocab, SamplingConfig{d.temperature, d.top_k, d.top_p}, row);
+  __syncthreads();
+  int c = 0;
+  for (int32_t i = threadIdx.x; i < vocab; i += blockDim.x) c += row[i] != 0.0f;
+  c = BlockReduce(c, SumI(), is);
+  if (threadIdx.x == 0) counts[blockIdx.x] = c;
+}
+
+// Row r packed at the words the rows before it take (each block sums them itself: a chunk has at
+// most a few hundred rows). Sparse rows are compacted in id order: each thread takes a contiguous
+// run of ids, and its run's nonzeros go after those of the threads before it.
+__global__ void __launch_bounds__(kThreads)
+    DistPackKernel(const float* __restrict__ probs, int32_t vocab,
+                   const int32_t* __restrict__ counts, uint32_t* __restrict__ packed) {
+  __shared__ int32_t run_count[kThreads];
+  __shared__ int64_t row_offset;
+  const int32_t r = blockIdx.x;
+  if (threadIdx.x == 0) {
+    int64_t off = 0;
+    for (int32_t i = 0; i < r; ++i) off += DistRowWords(counts[i], vocab);
+    row_offset = off;
+  }
+  __syncthreads();
+  const float* row = probs + static_cast<int64_t>(r) * vocab;
+  uint32_t* out = packed + row_offset;
+  const int32_t kept = counts[r];
+  if (!DistRowSparse(kept, vocab)) {
+    for (int32_t i = threadIdx.x; i < vocab; i += blockDim.x) out[i] = __float_as_uint(row[i]);
+    return;
+  }
+  const int32_t per = (vocab + static_cast<int32_t>(blockDim.x) - 1) / blockDim.x;
+  const int32_t begin = min(vocab, static_cast<int32_t>(threadIdx.x) * per);
+  const int32_t end = min(vocab, begin + per);
+  int32_t mine = 0;
+  for (int32_t i = begin; i < end; ++i) mine += row[i] != 0.0f;
+  run_count[threadIdx.x] = mine;
+  __syncthreads();
+  if (threadIdx.x == 0) {  // exclusive prefix over the runs
+    int32_t acc = 0;
+    for (int32_t t = 0; t < static_cast<int32_t>(blockDim.x); ++t) {
+      const int32_t n = run_count[t];
+      run_count[t] = acc;
+      acc += n;
+    }
+  }
+  __syncthreads();
+  int32_t at = run_count[threadIdx.x];
+  for (int32_t i = begin; i < end; ++i) {
+    if (row[i] == 0.0f) continue;
+    out[at] = __float_as_uint(row[i]);
+    out[kept + at] = static_cast<uint32_t>(i);
+    ++at;
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchDistRows(float* logits, int32_t rows, int32_t vocab, const TokenDraw* settings,
+                           int32_t* counts, uint32_t* packed, cudaStream_t stream) {
+  if (rows <= 0 || vocab <= 0) return cudaErrorInvalidValue;
+  SPECINFER_LAUNCH(rows, kThreads, 0, stream, DistProbsKernel)(logits, vocab, settings, counts);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  SPECINFER_LAUNCH(rows, kThreads, 0, stream, DistPackKernel)(logits, vocab, counts, packed);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchArgmax(const float* logits, int32_t rows, int32_t vocab, int32_t* out,
                          cudaStream_t stream, float* values) {

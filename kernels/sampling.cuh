@@ -19,6 +19,12 @@
 //   total, as specinfer::SampleFromProbs(probs, u) (values[r] its probability). A drawn row of
 //   `logits` is overwritten with its distribution. Cumulative sums are taken per chunk of ids,
 //   so a u within double rounding of a boundary may pick the neighbouring token.
+// DistRows: each row of `logits` becomes its SamplingProbs distribution under settings[r] (its u
+//   unused), in place; counts[r] = its nonzero probabilities; and the rows are packed one after
+//   another into `packed` (4-byte words; at most rows * vocab), row r taking
+//   DistRowWords(counts[r], vocab) words: a sparse row (DistRowSparse: the rule of
+//   specinfer::DistRows) its counts[r] probabilities then their ids, ascending; a dense row all
+//   vocab probabilities. What crosses to the host for multi-step speculative sampling.
 // Layout: logits, probs [rows, vocab] float32 row-major; out [rows].
 // Launch: one block of 1024 threads per row.
 #pragma once
@@ -26,6 +32,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "elem_type.cuh"  // SPECINFER_HOST_DEVICE
 
 namespace specinfer::kernels {
 
@@ -44,10 +52,21 @@ struct TokenDraw {
   double u = 0.0;
 };
 
+// Whether a distribution row with `kept` nonzero probabilities is packed sparse, and the words
+// it takes (specinfer::DistRows::Sparse's rule, kept equal to it by a test).
+SPECINFER_HOST_DEVICE inline bool DistRowSparse(int64_t kept, int32_t vocab) {
+  return kept * 8 <= vocab;
+}
+SPECINFER_HOST_DEVICE inline int64_t DistRowWords(int64_t kept, int32_t vocab) {
+  return DistRowSparse(kept, vocab) ? 2 * kept : vocab;
+}
+
 cudaError_t LaunchArgmax(const float* logits, int32_t rows, int32_t vocab, int32_t* out,
                          cudaStream_t stream, float* values = nullptr);
 cudaError_t LaunchSamplingProbs(const float* logits, int32_t rows, int32_t vocab,
                                 SamplingConfig config, float* probs, cudaStream_t stream);
+cudaError_t LaunchDistRows(float* logits, int32_t rows, int32_t vocab, const TokenDraw* settings,
+                           int32_t* counts, uint32_t* packed, cudaStream_t stream);
 cudaError_t LaunchDrawTokens(float* logits, int32_t rows, int32_t vocab, const TokenDraw* draws,
                              int32_t* out, cudaStream_t stream, float* values = nullptr);
 

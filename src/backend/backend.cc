@@ -76,6 +76,11 @@ bool ForwardBatch::has_draws() const {
   return std::any_of(draws.begin(), draws.end(), [](const TokenDraw& d) { return !d.greedy(); });
 }
 
+void ForwardBatch::AddDistRow(int32_t row, const TokenDraw& settings) {
+  dist_rows.push_back(row);
+  dist_settings.push_back(settings);
+}
+
 Status ForwardBatch::Validate(int32_t vocab_size) const {
   if (positions.size() != tokens.size())
     return InvalidArgumentError("batch: positions and tokens differ in length");
@@ -109,6 +114,12 @@ Status ForwardBatch::Validate(int32_t vocab_size) const {
     if (!(d.u >= 0.0 && d.u < 1.0))
       return InvalidArgumentError("batch: a draw's uniform must be in [0, 1)");
   }
+  for (int32_t r : dist_rows)
+    if (r < 0 || r >= size()) return InvalidArgumentError("batch: distribution row out of range");
+  if (dist_settings.size() != dist_rows.size())
+    return InvalidArgumentError("batch: distribution rows and their settings differ in number");
+  for (const TokenDraw& d : dist_settings)
+    SI_RETURN_IF_ERROR(d.params().Validate().WithContext("batch: distribution row"));
   return Status::Ok();
 }
 
@@ -137,17 +148,42 @@ Status ForwardArgmaxOnHost(
 }
 
 Status ModelRunner::ForwardArgmax(const ForwardBatch& batch, const KvCacheManager& kv,
-                                  std::span<float> logits, std::span<int32_t> argmax) {
+                                  std::span<float> logits, std::span<int32_t> argmax,
+                                  DistRows* dists) {
   const int32_t vocab = model().config().vocab_size;
   if (argmax.size() < batch.argmax_rows.size())
     return InvalidArgumentError("argmax buffer too small");
-  // The pass below sees the argmax rows as logits rows, without the draws: check those here.
+  if (!batch.dist_rows.empty() && dists == nullptr)
+    return InvalidArgumentError("a batch with distribution rows needs a DistRows to fill");
+  // The pass below sees the argmax and distribution rows as logits rows, without the draws and
+  // settings: check those here.
   SI_RETURN_IF_ERROR(batch.Validate(vocab));
-  argmax_shares_.resize(batch.argmax_rows.size());
+  const size_t a = batch.argmax_rows.size();
+  const ForwardBatch* pass = &batch;
+  ForwardBatch with_dists;
+  if (!batch.dist_rows.empty()) {
+    // Distribution rows ride along as argmax rows (their argmax unused), after the real ones.
+    with_dists = batch;  // the masks it points to stay the caller's
+    for (int32_t r : batch.dist_rows) with_dists.AddTokenRow(r);
+    with_dists.dist_rows.clear();
+    with_dists.dist_settings.clear();
+    pass = &with_dists;
+  }
+  argmax_shares_.resize(pass->argmax_rows.size());
   SI_RETURN_IF_ERROR(ForwardArgmaxOnHost(
-      batch, 0, vocab, argmax_scratch_, logits, argmax_shares_,
+      *pass, 0, vocab, argmax_scratch_, logits, argmax_shares_,
       [&](const ForwardBatch& b, std::span<float> out) { return Forward(b, kv, out); }));
-  for (size_t i = 0; i < argmax_shares_.size(); ++i) argmax[i] = argmax_shares_[i].id;
+  for (size_t i = 0; i < a; ++i) argmax[i] = argmax_shares_[i].id;
+  if (dists != nullptr) {
+    dists->Reset(vocab);
+    const size_t first = batch.logit_rows.size() + a;
+    for (size_t i = 0; i < batch.dist_rows.size(); ++i) {
+      const std::span<const float> row(argmax_scratch_.data() + (first + i) * vocab,
+                                       static_cast<size_t>(vocab));
+      ComputeProbs(row, batch.dist_settings[i].params(), draw_probs_);
+      dists->AddDense(draw_probs_);
+    }
+  }
   // Sampled draws, from the argmax rows' logits ForwardArgmaxOnHost left after the logits rows.
   const size_t m = batch.logit_rows.size();
   for (size_t i = 0; i < batch.draws.size(); ++i) {

@@ -24,6 +24,7 @@
 
 #include "kv/kv_cache.h"
 #include "model/model.h"
+#include "sampling/dist_rows.h"
 #include "sampling/sampler.h"
 #include "specinfer/status.h"
 
@@ -96,6 +97,12 @@ struct ForwardBatch {
   // comes back as a token drawn from its distribution (ModelRunner::draws_tokens), so that a
   // sampled sequence that reads no logits gets only its token too.
   std::vector<TokenDraw> draws;
+  // Indices into tokens whose sampling distribution is wanted, [d] (ModelRunner::ForwardArgmax,
+  // into DistRows), with the settings of each (dist_settings[i]; its u is not used): what a
+  // sampled token tree's verification reads (multi-step speculative sampling), found where the
+  // logits are so that only the tokens each distribution keeps come back, not [d, vocab] logits.
+  std::vector<int32_t> dist_rows;
+  std::vector<TokenDraw> dist_settings;
   // True: every token's outputs are bit-identical to computing it in any other batch (what
   // decode and tree verification need, so speculative output equals incremental output).
   // False allows faster batch-dependent kernels (BLAS); set it for batches of prompt tokens only.
@@ -106,6 +113,8 @@ struct ForwardBatch {
   void AddTokenRow(int32_t row, const TokenDraw& draw = {});
   // Whether some argmax row is a sampled draw.
   bool has_draws() const;
+  // Appends a distribution row under `settings`.
+  void AddDistRow(int32_t row, const TokenDraw& settings);
   // Appends `count` tokens of one sequence.
   void AddSequence(SeqId seq, std::span<const int32_t> toks, std::span<const int32_t> pos,
                    int32_t kv_prefix, const TreeMask* mask, int32_t masked_kv = 0);
@@ -150,15 +159,25 @@ class ModelRunner {
 
   // Forward, and for batch.argmax_rows the index of each row's largest logit (the lowest among
   // equals, as specinfer::Argmax; rows with NaN logits are not supported) into `argmax` ([a]), or
-  // for a row that batch.draws samples, the token drawn.
-  // The default computes those rows' logits here and takes their argmax on the host; runners
-  // whose logits live elsewhere (a GPU, LLM workers) override it to bring back only the ids.
+  // for a row that batch.draws samples, the token drawn; for batch.dist_rows their distributions
+  // into `dists` (reset to the model's vocabulary; required with distribution rows).
+  // The default computes those rows' logits here and takes their argmax (and distributions) on
+  // the host; runners whose logits live elsewhere (a GPU, LLM workers) override it to bring back
+  // only the ids (and the tokens each distribution keeps).
   virtual Status ForwardArgmax(const ForwardBatch& batch, const KvCacheManager& kv,
-                               std::span<float> logits, std::span<int32_t> argmax);
+                               std::span<float> logits, std::span<int32_t> argmax,
+                               DistRows* dists = nullptr);
   // Whether ForwardArgmax takes ForwardBatch::draws (sampled tokens drawn with the logits: the
   // default draws on the host, a GPU runner on the device). A runner that returns false refuses a
   // batch with sampled draws, and the engine sends it logits rows for its sampled sequences.
   virtual bool draws_tokens() const { return true; }
+  // Whether the engine should send a sampled token tree as distribution rows
+  // (ForwardBatch::dist_rows) rather than logits rows: true where the logits live away from the
+  // host (a GPU), so that only what each distribution keeps comes back. Every runner whose
+  // ForwardArgmax is the default takes distribution rows, but on the host they only add work
+  // (the verifier computes the distributions of the nodes it visits from logits rows), so the
+  // default is false. A runner that does not take them refuses a batch that has them.
+  virtual bool returns_distributions() const { return false; }
 
   // Passes of a new batch shape to run before one shows its steady cost: 2 for a runner that
   // captures a shape's CUDA graph the second time it comes (the third pass is the first replay),
@@ -184,7 +203,7 @@ class ModelRunner {
 
  private:
   std::vector<float> argmax_scratch_;  // the default ForwardArgmax's logits
-  std::vector<float> draw_probs_;      // and a sampled draw's distribution
+  std::vector<float> draw_probs_;      // and a sampled draw's or a distribution row's
   std::vector<ArgmaxShare> argmax_shares_;
 };
 

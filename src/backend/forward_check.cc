@@ -5,13 +5,18 @@
 namespace specinfer {
 
 Status CheckForward(const ForwardBatch& batch, const KvCacheManager& kv,
-                    const ForwardLimits& limits, size_t logits_size, size_t argmax_size) {
+                    const ForwardLimits& limits, size_t logits_size, size_t argmax_size,
+                    bool dists) {
   SI_RETURN_IF_ERROR(batch.Validate(limits.vocab_size));
   if (logits_size < batch.logit_rows.size() * static_cast<size_t>(limits.vocab_size))
     return InvalidArgumentError("logits buffer too small");
   if (argmax_size < batch.argmax_rows.size())
     return InvalidArgumentError(argmax_size == 0 ? "a batch with argmax rows needs ForwardArgmax"
                                                  : "argmax buffer too small");
+  if (!batch.dist_rows.empty() && !dists)
+    return InvalidArgumentError(
+        "a batch with distribution rows needs ForwardArgmax of a runner "
+        "that returns distributions");
   if (kv.block_size() != limits.kv_block_size)
     return InvalidArgumentError("KV cache block size " + std::to_string(kv.block_size()) +
                                 " differs from the runner's " +

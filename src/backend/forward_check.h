@@ -26,13 +26,15 @@ struct ForwardLimits {
 
 // Checks, in this order: the batch itself (ForwardBatch::Validate: InvalidArgument), that
 // `logits_size` floats hold [logit_rows, vocab_size] and `argmax_size` ids its argmax rows
-// (InvalidArgument; Forward passes 0: argmax rows are ForwardArgmax's), that `kv` plans blocks of
+// (InvalidArgument; Forward passes 0: argmax rows are ForwardArgmax's), that distribution rows
+// come only where `dists` says the caller returns them (InvalidArgument), that `kv` plans blocks of
 // the runner's size (InvalidArgument), and for every sequence that `kv` knows it
 // (InvalidArgument), has reserved its slots up to kv_end() (FailedPrecondition) and maps them to
 // blocks inside the runner's storage (Internal: the engine paired a manager with the wrong
 // runner).
 Status CheckForward(const ForwardBatch& batch, const KvCacheManager& kv,
-                    const ForwardLimits& limits, size_t logits_size, size_t argmax_size = 0);
+                    const ForwardLimits& limits, size_t logits_size, size_t argmax_size = 0,
+                    bool dists = false);
 
 // Checks a block table against a runner's storage: at most num_kv_blocks entries, every id in
 // [0, num_kv_blocks), and enough blocks for `covers` positions. InvalidArgument (prefixed with

@@ -330,9 +330,13 @@ Status RemoteLlmRunner::Forward(const ForwardBatch& batch, const KvCacheManager&
 }
 
 Status RemoteLlmRunner::ForwardArgmax(const ForwardBatch& batch, const KvCacheManager& kv,
-                                      std::span<float> logits, std::span<int32_t> argmax) {
+                                      std::span<float> logits, std::span<int32_t> argmax,
+                                      DistRows* /*dists*/) {
   if (batch.has_draws())
     return InvalidArgumentError("an LLM group does not draw sampled tokens (draws_tokens)");
+  if (!batch.dist_rows.empty())
+    return InvalidArgumentError(
+        "an LLM group does not return distributions (returns_distributions)");
   return Pass(batch, kv, logits, argmax);
 }
 

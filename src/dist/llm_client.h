@@ -75,9 +75,9 @@ class RemoteLlmRunner final : public ModelRunner {
   // The last stage's workers find the argmax rows' argmax over their columns (on their device):
   // one id and one value per row and rank cross the network instead of the rows' logits.
   Status ForwardArgmax(const ForwardBatch& batch, const KvCacheManager& kv, std::span<float> logits,
-                       std::span<int32_t> argmax) override;
-  // Sampled draws are not sent to the workers (a row's tensor-parallel shares would have to
-  // combine their distributions): sampled sequences get logits rows.
+                       std::span<int32_t> argmax, DistRows* dists = nullptr) override;
+  // Sampled draws and distribution rows are not sent to the workers (a row's tensor-parallel
+  // shares would have to combine their distributions): sampled sequences get logits rows.
   bool draws_tokens() const override { return false; }
   Status MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,
                 std::span<const int32_t> dst) override;

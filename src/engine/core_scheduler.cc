@@ -198,26 +198,34 @@ CoreScheduler::ScheduledStep CoreScheduler::Schedule() {
 
   // Every decoding sequence's tree, then prefill chunks in admission order.
   ForwardBatch& batch = step.batch;
-  const bool runner_draws = runner_.draws_tokens();
+  RowRequest runner_rows;
+  runner_rows.draws = runner_.draws_tokens();
+  runner_rows.dists = runner_.returns_distributions();
   int32_t tokens = 0;
   for (auto it = running_.begin(); it != running_.end();) {
     auto next = std::next(it);
     if (it->seq->phase() == Sequence::Phase::kDecode) {
-      // The sequence's rows are argmax rows (tokens) or logits rows: whichever it added to.
+      // The sequence's rows are argmax rows (tokens), distribution rows or logits rows:
+      // whichever it added to.
       const auto first_argmax = static_cast<int32_t>(batch.argmax_rows.size());
+      const auto first_dist = static_cast<int32_t>(batch.dist_rows.size());
       const auto first_logits = static_cast<int32_t>(batch.logit_rows.size());
       const std::pair<int32_t, int32_t> c = cap_of(it->seq.get());
       auto size = Guarded(
-          "drafting", [&] { return it->seq->PlanDecode(batch, c.first, c.second, runner_draws); });
-      const bool argmax = static_cast<int32_t>(batch.argmax_rows.size()) > first_argmax;
-      const int32_t first_row = argmax ? first_argmax : first_logits;
+          "drafting", [&] { return it->seq->PlanDecode(batch, c.first, c.second, runner_rows); });
+      LogitsRows rows{first_logits, 0, LogitsRows::Kind::kLogits};
+      if (static_cast<int32_t>(batch.argmax_rows.size()) > first_argmax)
+        rows = LogitsRows{first_argmax, 0, LogitsRows::Kind::kArgmax};
+      else if (static_cast<int32_t>(batch.dist_rows.size()) > first_dist)
+        rows = LogitsRows{first_dist, 0, LogitsRows::Kind::kDists};
       if (!size.ok()) {
         Complete(it, size.status().WithContext("drafting"));
       } else {
         tokens += *size;
         step.draft_seconds += it->seq->speculation().last_draft_seconds();
         step.members.push_back(it);
-        step.rows.push_back(LogitsRows{first_row, *size, argmax});
+        rows.count = *size;
+        step.rows.push_back(rows);
       }
     }
     it = next;

@@ -35,9 +35,10 @@ PassOutput Executor::Run(const ForwardBatch& batch, std::span<const LogitsRows> 
   out.status = Guarded("KV copy-on-write", [&] { return PrepareKv(batch); });
   if (out.status.ok()) out.status = Guarded("forward pass", [&] {
     logits_.resize(batch.logit_rows.size() * static_cast<size_t>(vocab));
-    if (batch.argmax_rows.empty()) return runner_.Forward(batch, kv_, logits_);
+    if (batch.argmax_rows.empty() && batch.dist_rows.empty())
+      return runner_.Forward(batch, kv_, logits_);
     argmax_.resize(batch.argmax_rows.size());
-    return runner_.ForwardArgmax(batch, kv_, logits_, argmax_);
+    return runner_.ForwardArgmax(batch, kv_, logits_, argmax_, &dists_);
   });
   out.seconds = SecondsSince(t0);
   if (!out.status.ok()) {
@@ -49,9 +50,12 @@ PassOutput Executor::Run(const ForwardBatch& batch, std::span<const LogitsRows> 
   out.rows.reserve(members.size());
   for (const LogitsRows& m : members) {
     PassRows r;
-    if (m.argmax) {
+    if (m.kind == LogitsRows::Kind::kArgmax) {
       r.argmax = std::span<const int32_t>(argmax_).subspan(static_cast<size_t>(m.first),
                                                            static_cast<size_t>(m.count));
+    } else if (m.kind == LogitsRows::Kind::kDists) {
+      r.dists = &dists_;
+      r.dist_first = m.first;
     } else {
       r.logits =
           all.subspan(static_cast<size_t>(m.first) * vocab, static_cast<size_t>(m.count) * vocab);

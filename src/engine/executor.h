@@ -1,6 +1,7 @@
 // The engine core's executor: runs one step's ForwardBatch, planned by the core scheduler
 // (engine/core_scheduler.h), on the ModelRunner and hands each member sequence its logits rows
-// (or, for greedy sequences that read no logits, its rows' argmax: ModelRunner::ForwardArgmax).
+// (or, for sequences that read no logits, its rows' argmaxes, draws or distributions:
+// ModelRunner::ForwardArgmax).
 //
 //   ForwardBatch + each member's rows ──Run──> ModelRunner::Forward ──> PassOutput
 //                                                                       (status, seconds,
@@ -25,18 +26,22 @@
 namespace specinfer {
 
 // One member sequence's rows in a pass: rows [first, first + count) of the batch's logit_rows,
-// or with `argmax` of its argmax_rows (count 0 for a prefill chunk, which reads none).
+// argmax_rows or dist_rows, as `kind` says (count 0 for a prefill chunk, which reads none).
 struct LogitsRows {
+  enum class Kind { kLogits, kArgmax, kDists };
   int32_t first = 0;
   int32_t count = 0;
-  bool argmax = false;
+  Kind kind = Kind::kLogits;
 };
 
-// What a member gets from a pass: its logits rows ([count, vocab]) or its argmax rows' token ids
-// ([count]), as LogitsRows asked.
+// What a member gets from a pass: its logits rows ([count, vocab]), its argmax rows' token ids
+// ([count]) or its distribution rows (rows [dist_first, dist_first + count) of `dists`), as
+// LogitsRows asked.
 struct PassRows {
   std::span<const float> logits;
   std::span<const int32_t> argmax;
+  const DistRows* dists = nullptr;
+  int32_t dist_first = 0;
 };
 
 struct PassOutput {
@@ -65,6 +70,7 @@ class Executor {
   KvCacheManager& kv_;
   std::vector<float> logits_;    // [batch.logit_rows.size(), vocab] of the last pass
   std::vector<int32_t> argmax_;  // [batch.argmax_rows.size()] of the last pass
+  DistRows dists_;               // its batch.dist_rows
 };
 
 }  // namespace specinfer

@@ -32,8 +32,10 @@ struct GenerateRequest {
   TreeShape tree_shape = TreeShape::Chain(4);  // expansion configuration <k1, ..., km>
   // Whether the token callback reads the logits rows. False lets a greedy request's passes bring
   // back only each row's argmax (ModelRunner::ForwardArgmax: found on the GPU, or on the LLM
-  // workers, instead of [rows, vocab] floats crossing to the host); its callback then gets an
-  // empty logits span. Sampled requests always get their rows.
+  // workers, instead of [rows, vocab] floats crossing to the host), and a sampled request's the
+  // token drawn (a step without a tree) or its tree's distributions (what top-k/top-p keep),
+  // where the runner offers those (ModelRunner::draws_tokens, ::returns_distributions); its
+  // callback then gets an empty logits span.
   bool callback_logits = true;
 };
 

@@ -167,7 +167,7 @@ void Sequence::DraftTogether(std::span<Sequence* const> seqs, std::span<const Dr
 }
 
 StatusOr<int32_t> Sequence::PlanDecode(ForwardBatch& batch, int32_t depth_cap,
-                                       int32_t dynamic_nodes, bool runner_draws) {
+                                       int32_t dynamic_nodes, const RowRequest& runner) {
   if (phase_ != Phase::kDecode) return FailedPreconditionError("sequence is not decoding");
   if (!decode_started_) {
     decode_started_ = true;
@@ -175,9 +175,8 @@ StatusOr<int32_t> Sequence::PlanDecode(ForwardBatch& batch, int32_t depth_cap,
   }
   DraftContext ctx;
   const bool drafting = DraftContextNow(depth_cap, dynamic_nodes, &ctx);
-  RowRequest rows;
+  RowRequest rows = runner;
   rows.tokens = token_rows();
-  rows.draws = runner_draws;
   rows.sampling = &request_.sampling;
   rows.rng = &rng_;
   SI_ASSIGN_OR_RETURN(int32_t size, step_.Plan(context_.back(), drafting ? &ctx : nullptr,

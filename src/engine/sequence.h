@@ -83,15 +83,16 @@ class Sequence {
   static void DraftTogether(std::span<Sequence* const> seqs, std::span<const DraftCap> caps);
   // Drafts this step's token tree, its shape cut at depth `depth_cap` (0: the root alone, i.e.
   // plain decoding; the adaptive controller's choice, engine/spec_controller.h), and adds it to
-  // `batch`; returns its size (>= 1), the number of rows it added: logits rows, or argmax rows
-  // (token_rows(): argmaxes, or with `runner_draws` a sampled root-only step's draw; see
-  // RowRequest, engine/speculative_step.h). kDecode only.
+  // `batch`; returns its size (>= 1), the number of rows it added: logits rows, argmax rows or
+  // distribution rows (token_rows(): argmaxes, a sampled root-only step's draw, a sampled tree's
+  // distributions, as `runner` allows; see RowRequest, engine/speculative_step.h). kDecode only.
   // `dynamic_nodes` >= 0: a dynamic tree (spec/dynamic_tree.h) of at most that many nodes past
   // the root, no deeper than `depth_cap` and the shape; kStaticTree: the shape's expansion.
-  // `runner_draws`: the LLM's runner draws sampled tokens (ModelRunner::draws_tokens).
+  // `runner`: its `draws` and `dists`, what the LLM's runner takes (ModelRunner::draws_tokens,
+  // ::returns_distributions); the rest is the sequence's.
   static constexpr int32_t kStaticTree = -1;
   StatusOr<int32_t> PlanDecode(ForwardBatch& batch, int32_t depth_cap = kNoDepthCap,
-                               int32_t dynamic_nodes = kStaticTree, bool runner_draws = false);
+                               int32_t dynamic_nodes = kStaticTree, const RowRequest& runner = {});
   // The deepest tree this step may draft (its shape, the tokens still wanted and the context);
   // 0 when it cannot speculate (no speculators, not decoding).
   int32_t max_spec_depth() const;
@@ -101,7 +102,7 @@ class Sequence {
   // Tokens generated so far.
   int32_t generated() const { return static_cast<int32_t>(result_.tokens.size()); }
   // After the pass that PlanDecode joined: `rows` holds this sequence's rows of it (logits
-  // [tree size, vocab], or argmax rows [tree size] where PlanDecode added those). Verifies,
+  // [tree size, vocab], or argmax or distribution rows where PlanDecode added those). Verifies,
   // commits, emits; may finish the sequence.
   Status Commit(const PassRows& rows, ModelRunner& runner);
   // Whether its decode passes may ask for tokens instead of logits rows: a request whose callback

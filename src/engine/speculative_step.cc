@@ -266,6 +266,9 @@ StatusOr<int32_t> SpeculativeStep::Plan(int32_t root, const DraftContext* ctx, i
     const TokenDraw draw =
         greedy ? TokenDraw{} : TokenDraw::Of(*rows.sampling, rows.rng->Uniform());
     for (int32_t v = 0; v < size; ++v) batch.AddTokenRow(token_begin + layout_of_[v], draw);
+  } else if (rows.tokens && rows.dists) {
+    const TokenDraw settings = TokenDraw::Of(*rows.sampling, 0.0);
+    for (int32_t v = 0; v < size; ++v) batch.AddDistRow(token_begin + layout_of_[v], settings);
   } else {
     for (int32_t v = 0; v < size; ++v) batch.logit_rows.push_back(token_begin + layout_of_[v]);
   }
@@ -289,6 +292,12 @@ StatusOr<SpeculativeStep::Outcome> SpeculativeStep::Verify(const PassRows& rows,
       if (size != 1) return InternalError("a sampled tree came back as argmax rows");
       verified.next_token = rows.argmax[0];
     }
+  } else if (rows.dists != nullptr) {
+    if (sampling.greedy()) return InternalError("a greedy tree came back as distribution rows");
+    if (rows.dists->vocab() != vocab || rows.dist_first < 0 ||
+        rows.dist_first + size > rows.dists->size())
+      return InternalError("pass returned fewer distribution rows than the tree has nodes");
+    verified = VerifyStochastic(tree_, *rows.dists, rows.dist_first, rng);
   } else {
     if (logits.size() < static_cast<size_t>(size) * vocab)
       return InternalError("pass returned fewer logits rows than the tree has nodes");
@@ -313,7 +322,7 @@ StatusOr<SpeculativeStep::Outcome> SpeculativeStep::Verify(const PassRows& rows,
   // The accepted tokens, then the LLM's own. Token i was chosen from the logits of its parent:
   // the root for the first, the previous accepted node after that.
   auto row = [&](int32_t node) {
-    if (logits.empty()) return logits;  // argmax rows
+    if (logits.empty()) return logits;  // argmax or distribution rows
     return logits.subspan(static_cast<size_t>(node) * vocab, static_cast<size_t>(vocab));
   };
   int32_t parent = 0;  // node index

@@ -40,11 +40,13 @@ namespace specinfer {
 // sequence that reads no logits) one token per node found where the logits are: the argmax rows
 // of a greedy `sampling`; for a sampled one whose tree is the root alone, where `draws`
 // (ModelRunner::draws_tokens), the token drawn at a uniform taken from `rng` in Plan (the very
-// draw Verify would take from the row). A sampled tree of more nodes gets logits rows: its
-// verification needs their distributions.
+// draw Verify would take from the row). A sampled tree of more nodes gets distribution rows
+// where `dists` (ModelRunner::returns_distributions): its verification reads the nodes'
+// distributions, computed where the logits are; else logits rows.
 struct RowRequest {
   bool tokens = false;
   bool draws = false;
+  bool dists = false;
   const SamplingParams* sampling = nullptr;  // required with `tokens`
   Rng* rng = nullptr;                        // required with `draws`
 };
@@ -115,7 +117,8 @@ class SpeculativeStep {
 
   // Drafts the tree rooted at `root` (with `ctx`; null: the root alone), reserves its KV entries
   // after the `committed` ones, and adds it to `batch` with its rows in node order, as `rows`
-  // asks: logits rows, or argmax rows (ForwardBatch::AddTokenRow, a sampled draw). The
+  // asks: logits rows, argmax rows (ForwardBatch::AddTokenRow, a sampled draw) or distribution
+  // rows (ForwardBatch::AddDistRow). The
   // tree holds at most min(ctx->max_nodes, TreeShape::kMaxNodes) nodes past the root: the drafts
   // propose in turn, each within what the earlier ones left (static shapes) or an even share of
   // it (dynamic trees); a draft that ignores budgets is merged only where its shape's whole
@@ -137,7 +140,8 @@ class SpeculativeStep {
     int32_t committed = 0;       // committed KV entries after the step
   };
   // After the pass: `rows` holds the tree's logits rows ([tree size, vocab], node order), or
-  // its argmax rows ([tree size]: argmaxes, or the root's draw) when Plan asked for those. Verifies
+  // its argmax rows ([tree size]: argmaxes, or the root's draw) or distribution rows when Plan
+  // asked for those. Verifies
   // with `sampling` and `rng`, compacts the accepted path's KV entries on `runner` and drops the
   // rest.
   StatusOr<Outcome> Verify(const PassRows& rows, int32_t vocab, const SamplingParams& sampling,

@@ -52,13 +52,18 @@ VerifyOutcome VerifyGreedy(const TokenTree& tree, std::span<const int32_t> argma
   return FollowArgmax(tree, [&](int32_t v) { return argmax[static_cast<size_t>(v)]; });
 }
 
-VerifyOutcome VerifyStochastic(const TokenTree& tree, std::span<const float> logits,
-                               int32_t vocab, const SamplingParams& params, Rng& rng) {
+namespace {
+
+// Multi-step speculative sampling with `probs_at(v, p)` setting p to the LLM's distribution at
+// node v.
+template <typename ProbsAt>
+VerifyOutcome SampleWalk(const TokenTree& tree, ProbsAt probs_at, Rng& rng) {
   VerifyOutcome out;
   std::vector<float> p, before;
   int32_t v = 0;
   for (;;) {
-    ComputeProbs(Row(logits, vocab, v), params, p);
+    probs_at(v, p);
+    const auto vocab = static_cast<int32_t>(p.size());
     int32_t accepted = -1;
     for (const DraftTrial& t : tree.node(v).trials) {
       const int32_t x = tree.node(t.child).token;
@@ -104,6 +109,22 @@ VerifyOutcome VerifyStochastic(const TokenTree& tree, std::span<const float> log
     out.accepted.push_back(accepted);
     v = accepted;
   }
+}
+
+}  // namespace
+
+VerifyOutcome VerifyStochastic(const TokenTree& tree, std::span<const float> logits, int32_t vocab,
+                               const SamplingParams& params, Rng& rng) {
+  return SampleWalk(
+      tree,
+      [&](int32_t v, std::vector<float>& p) { ComputeProbs(Row(logits, vocab, v), params, p); },
+      rng);
+}
+
+VerifyOutcome VerifyStochastic(const TokenTree& tree, const DistRows& dists, int32_t first,
+                               Rng& rng) {
+  return SampleWalk(
+      tree, [&](int32_t v, std::vector<float>& p) { dists.Expand(first + v, p); }, rng);
 }
 
 VerifyOutcome Verify(const TokenTree& tree, std::span<const float> logits, int32_t vocab,

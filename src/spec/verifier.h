@@ -48,6 +48,7 @@
 #include <span>
 #include <vector>
 
+#include "sampling/dist_rows.h"
 #include "sampling/sampler.h"
 #include "spec/token_tree.h"
 
@@ -68,6 +69,12 @@ VerifyOutcome VerifyGreedy(const TokenTree& tree, std::span<const int32_t> argma
 // Multi-step speculative sampling as described above; `params` must not be greedy.
 VerifyOutcome VerifyStochastic(const TokenTree& tree, std::span<const float> logits,
                                int32_t vocab, const SamplingParams& params, Rng& rng);
+
+// The same given the LLM's distributions themselves: node v's is row first + v of `dists`
+// (computed where the logits are: ModelRunner::ForwardArgmax with ForwardBatch::dist_rows, under
+// the request's sampling settings).
+VerifyOutcome VerifyStochastic(const TokenTree& tree, const DistRows& dists, int32_t first,
+                               Rng& rng);
 
 // Greedy or stochastic, as `params` asks.
 VerifyOutcome Verify(const TokenTree& tree, std::span<const float> logits, int32_t vocab,

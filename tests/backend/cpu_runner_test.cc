@@ -34,6 +34,17 @@ class CpuRunnerTest : public ::testing::Test {
 
   int32_t vocab() const { return model_->config().vocab_size; }
 
+  // A pass of a new sequence's 4-token prompt with every row's logits wanted (KV reserved).
+  ForwardBatch FourTokenPrompt() {
+    SeqId s = kv_->AddSequence();
+    EXPECT_TRUE(kv_->Reserve(s, 4).ok());
+    ForwardBatch b;
+    b.AddSequence(s, std::vector<int32_t>{1, 403, 407, 261}, std::vector<int32_t>{0, 1, 2, 3}, 0,
+                  nullptr);
+    b.logit_rows = {0, 1, 2, 3};
+    return b;
+  }
+
   // Prefills `tokens` into a new sequence in one pass; returns the sequence.
   SeqId Prefill(const std::vector<int32_t>& tokens) {
     SeqId s = kv_->AddSequence();
@@ -236,12 +247,7 @@ TEST_F(CpuRunnerTest, ArgmaxRowsAreTheArgmaxOfTheirLogits) {
 // the default (host) ForwardArgmax takes SampleFromProbs of the row's ComputeProbs at the draw's
 // uniform, greedy draws stay argmaxes, and malformed draws are refused.
 TEST_F(CpuRunnerTest, DrawsAreSampledFromTheirRows) {
-  SeqId s = kv_->AddSequence();
-  const std::vector<int32_t> toks = {1, 403, 407, 261};
-  ASSERT_TRUE(kv_->Reserve(s, 4).ok());
-  ForwardBatch b;
-  b.AddSequence(s, toks, std::vector<int32_t>{0, 1, 2, 3}, 0, nullptr);
-  b.logit_rows = {0, 1, 2, 3};
+  ForwardBatch b = FourTokenPrompt();
   const std::vector<TokenDraw> draws = {
       {1.0f, 0, 1.0f, 0.3}, {0.0f, 0, 1.0f, 0.5}, {0.7f, 20, 0.9f, 0.99}, {1.3f, 0, 0.8f, 0.0}};
   for (int32_t r = 0; r < 4; ++r) b.AddTokenRow(r, draws[static_cast<size_t>(r)]);
@@ -290,6 +296,48 @@ TEST_F(CpuRunnerTest, DrawsAreSampledFromTheirRows) {
   b.draws[0].top_p = 1.0f;
   b.draws.pop_back();
   EXPECT_EQ(runner_->ForwardArgmax(b, *kv_, logits, ids).code(), StatusCode::kInvalidArgument);
+}
+
+// Distribution rows (ForwardBatch::dist_rows), filled by the default (host) ForwardArgmax: each
+// the ComputeProbs of its row's logits under its settings, beside argmax rows and draws; refused
+// by Forward, without a DistRows to fill, and with malformed settings.
+TEST_F(CpuRunnerTest, DistributionRowsAreTheirRowsSamplingDistributions) {
+  ForwardBatch b = FourTokenPrompt();
+  b.AddTokenRow(2, {0.9f, 0, 1.0f, 0.4});
+  const std::vector<TokenDraw> settings = {
+      {1.0f, 0, 1.0f, 0}, {0.7f, 0, 0.9f, 0}, {1.2f, 5, 1.0f, 0}, {0.0f, 0, 1.0f, 0}};
+  const std::vector<int32_t> rows = {3, 0, 2, 1};
+  for (size_t i = 0; i < rows.size(); ++i) b.AddDistRow(rows[i], settings[i]);
+  std::vector<float> logits(4 * static_cast<size_t>(vocab()));
+  std::vector<int32_t> ids(1);
+  DistRows dists;
+  ASSERT_TRUE(runner_->ForwardArgmax(b, *kv_, logits, ids, &dists).ok());
+  ASSERT_EQ(dists.size(), 4);
+  ASSERT_EQ(dists.vocab(), vocab());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const std::span<const float> row(logits.data() + static_cast<size_t>(rows[i]) * vocab(),
+                                     static_cast<size_t>(vocab()));
+    std::vector<float> want, got;
+    ComputeProbs(row, settings[i].params(), want);
+    dists.Expand(static_cast<int32_t>(i), got);
+    EXPECT_EQ(got, want) << "distribution row " << i;
+  }
+  EXPECT_FALSE(dists.ids(2).empty()) << "top-k 5 of 512 is stored sparse";
+  std::vector<float> probs;
+  ComputeProbs(std::span<const float>(logits.data() + 2 * static_cast<size_t>(vocab()),
+                                      static_cast<size_t>(vocab())),
+               b.draws[0].params(), probs);
+  EXPECT_EQ(ids[0], SampleFromProbs(probs, 0.4)) << "the draw beside them";
+  // Refusals.
+  EXPECT_EQ(runner_->Forward(b, *kv_, logits).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(runner_->ForwardArgmax(b, *kv_, logits, ids).code(), StatusCode::kInvalidArgument);
+  b.dist_settings[1].top_p = 1.5f;
+  EXPECT_EQ(runner_->ForwardArgmax(b, *kv_, logits, ids, &dists).code(),
+            StatusCode::kInvalidArgument);
+  b.dist_settings.pop_back();
+  EXPECT_EQ(runner_->ForwardArgmax(b, *kv_, logits, ids, &dists).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_FALSE(runner_->returns_distributions()) << "on the host logits rows cost less";
 }
 
 // Shares of a row over disjoint columns combine to the whole row's Argmax, in any order: the

@@ -410,6 +410,24 @@ TEST(CudaRunner, SpeculativeGenerationEqualsIncrementalOnGpu) {
   EXPECT_EQ(gpu->kv().used_blocks(), 0);
 }
 
+struct SamplingCase {
+  float temperature;
+  int32_t top_k;
+  float top_p;
+};
+
+// A seeded sampled request after "Once upon a time" under `c`.
+GenerateRequest SampledStory(Engine& engine, const SamplingCase& c, uint64_t seed) {
+  GenerateRequest req;
+  req.prompt_tokens = *engine.EncodePrompt("Once upon a time");
+  req.max_new_tokens = testing::kEmulated ? 24 : 100;
+  req.sampling.temperature = c.temperature;
+  req.sampling.top_k = c.top_k;
+  req.sampling.top_p = c.top_p;
+  req.sampling.seed = seed;
+  return req;
+}
+
 // A sampled sequence that reads no logits (GenerateRequest::callback_logits false) gets its tokens
 // drawn on the GPU (ForwardBatch::draws; kernels/sampling.cuh DrawTokens) at the uniforms its
 // seeded random stream supplies: the same tokens as sampling on the host from the GPU's logits
@@ -421,19 +439,9 @@ TEST(CudaRunner, SampledTokensAreDrawnOnTheGpu) {
   ASSERT_TRUE(cpu && gpu);
   auto* cuda_runner = dynamic_cast<CudaModelRunner*>(&gpu->runner());
   ASSERT_NE(cuda_runner, nullptr);
-  struct Case {
-    float temperature;
-    int32_t top_k;
-    float top_p;
-  };
-  for (const Case& c : {Case{1.0f, 0, 1.0f}, Case{0.8f, 0, 0.9f}, Case{1.2f, 20, 0.95f}}) {
-    GenerateRequest req;
-    req.prompt_tokens = *gpu->EncodePrompt("Once upon a time");
-    req.max_new_tokens = testing::kEmulated ? 24 : 100;
-    req.sampling.temperature = c.temperature;
-    req.sampling.top_k = c.top_k;
-    req.sampling.top_p = c.top_p;
-    req.sampling.seed = 11;
+  for (const SamplingCase& c :
+       {SamplingCase{1.0f, 0, 1.0f}, SamplingCase{0.8f, 0, 0.9f}, SamplingCase{1.2f, 20, 0.95f}}) {
+    GenerateRequest req = SampledStory(*gpu, c, /*seed=*/11);
     auto cpu_tokens = cpu->Generate(req);
     auto host_drawn = gpu->Generate(req);  // logits rows, sampled on the host
     req.callback_logits = false;
@@ -451,6 +459,43 @@ TEST(CudaRunner, SampledTokensAreDrawnOnTheGpu) {
     EXPECT_EQ(without_logits, gpu_drawn->tokens.size()) << what;
     EXPECT_GT(cuda_runner->graph_stats().replayed, replayed) << what;
   }
+  EXPECT_EQ(gpu->kv().used_blocks(), 0);
+}
+
+// A sampled speculative request that reads no logits gets its trees back as distribution rows
+// computed on the GPU (kernels/sampling.cuh DistRows): only each node's kept tokens cross, in
+// graphs too, and the tokens equal those of the same request verified on the host from the GPU's
+// logits rows (the GPU's distributions differ from the host's ComputeProbs in the last bits:
+// equal tokens unless an acceptance test lands within that of its threshold).
+TEST(CudaRunner, SampledTreesAreVerifiedFromDistributionsMadeOnTheGpu) {
+  auto gpu = StoriesEngine("cuda", true, SpecBudgetMode::kStatic);
+  ASSERT_TRUE(gpu);
+  auto* cuda_runner = dynamic_cast<CudaModelRunner*>(&gpu->runner());
+  ASSERT_NE(cuda_runner, nullptr);
+  EXPECT_TRUE(cuda_runner->returns_distributions());
+  int64_t accepted = 0;
+  for (const SamplingCase& c : {SamplingCase{1.0f, 0, 1.0f}, SamplingCase{0.8f, 0, 0.9f}}) {
+    GenerateRequest req = SampledStory(*gpu, c, /*seed=*/5);
+    req.tree_shape = *TreeShape::Parse("2,1,1");
+    req.speculators = {*gpu->GetSpeculator("ngram")};
+    auto from_logits = gpu->Generate(req);
+    req.callback_logits = false;
+    const int64_t replayed = cuda_runner->graph_stats().replayed;
+    size_t without_logits = 0;
+    auto from_dists = gpu->Generate(req, [&](int32_t, std::span<const float> logits) {
+      without_logits += logits.empty();
+      return true;
+    });
+    ASSERT_TRUE(from_logits.ok() && from_dists.ok());
+    const std::string what =
+        "T " + std::to_string(c.temperature) + " top_p " + std::to_string(c.top_p);
+    EXPECT_EQ(from_dists->tokens, from_logits->tokens) << what;
+    EXPECT_EQ(without_logits, from_dists->tokens.size()) << what;
+    EXPECT_GT(from_dists->stats.spec.tree_nodes, 0) << what << ": no tree was verified";
+    accepted += from_dists->stats.spec.accepted_tokens;
+    EXPECT_GT(cuda_runner->graph_stats().replayed, replayed) << what;
+  }
+  EXPECT_GT(accepted, 0);
   EXPECT_EQ(gpu->kv().used_blocks(), 0);
 }
 
@@ -518,8 +563,9 @@ TEST(CudaRunner, DraftsOnTheGpuKeepGreedyOutput) {
     EXPECT_EQ(r->tokens, base->tokens) << s->name();
     EXPECT_LE(r->stats.decode_passes, base->stats.decode_passes) << s->name();
     // The model draft is the LLM itself: it guesses right, so the LLM runs fewer passes.
-    if (s->name().starts_with("model:"))
+    if (s->name().starts_with("model:")) {
       EXPECT_LT(r->stats.decode_passes, base->stats.decode_passes);
+    }
   }
 }
 

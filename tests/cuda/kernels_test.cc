@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 
@@ -21,6 +22,7 @@
 #include "rmsnorm.cuh"
 #include "rope.cuh"
 #include "sampling.cuh"
+#include "sampling/dist_rows.h"
 #include "sampling/sampler.h"
 #include "tensor/half.h"
 
@@ -671,6 +673,73 @@ TEST(CudaSampling, DrawsTakeTheTokenSampleFromProbsTakes) {
     }
   }
   EXPECT_GT(checked, 100);
+}
+
+// DistRows: each row becomes SamplingProbs' distribution, and the packed words hold exactly its
+// nonzero probabilities with their ids (ascending) where the host's DistRows keeps it sparse, all
+// of it where dense; rows follow one another at the offsets the counts give.
+TEST(CudaSampling, DistributionRowsPackWhatSamplingProbsKeeps) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  int sparse = 0, dense = 0;
+  for (int32_t vocab : {1, 7, 512, 5000}) {
+    std::vector<kernels::TokenDraw> settings;
+    for (float t : {0.0f, 1.0f, 0.7f})
+      for (int32_t k : {0, 1, 3, 40})
+        for (float p : {1.0f, 0.9f, 0.5f}) settings.push_back({t, k, p, 0, 0.0});
+    const auto rows = static_cast<int32_t>(settings.size());
+    std::vector<float> logits(static_cast<size_t>(rows) * vocab);
+    for (float& v : logits) v = normal(rng);
+    for (int32_t i = 0; i < vocab; ++i)  // row 2: ties everywhere
+      logits[2 * static_cast<size_t>(vocab) + i] = static_cast<float>(i % 3);
+    DeviceArray<float> dl(logits);
+    DeviceArray<int32_t> counts(rows);
+    DeviceArray<uint32_t> packed(static_cast<size_t>(rows) * vocab);
+    DeviceArray<kernels::TokenDraw> ds(settings);
+    CUDA_OK(kernels::LaunchDistRows(dl.get(), rows, vocab, ds.get(), counts.get(), packed.get(),
+                                    nullptr));
+    const std::vector<int32_t> got_counts = counts.Download();
+    const std::vector<uint32_t> words = packed.Download();
+    size_t at = 0;
+    for (int32_t r = 0; r < rows; ++r) {
+      const kernels::TokenDraw& d = settings[static_cast<size_t>(r)];
+      const std::string what = "vocab " + std::to_string(vocab) + " row " + std::to_string(r) +
+                               " T " + std::to_string(d.temperature) + " k " +
+                               std::to_string(d.top_k) + " p " + std::to_string(d.top_p);
+      DeviceArray<float> one(std::vector<float>(logits.begin() + int64_t{r} * vocab,
+                                                logits.begin() + int64_t{r + 1} * vocab));
+      DeviceArray<float> probs(static_cast<size_t>(vocab));
+      CUDA_OK(kernels::LaunchSamplingProbs(one.get(), 1, vocab, {d.temperature, d.top_k, d.top_p},
+                                           probs.get(), nullptr));
+      const std::vector<float> want = probs.Download();
+      const auto kept = std::count_if(want.begin(), want.end(), [](float x) { return x != 0; });
+      ASSERT_EQ(got_counts[static_cast<size_t>(r)], kept) << what;
+      ASSERT_EQ(kernels::DistRowSparse(kept, vocab), DistRows::Sparse(kept, vocab)) << what;
+      ASSERT_LE(at + kernels::DistRowWords(kept, vocab), words.size()) << what;
+      // Unpacked the way the runner does, into the host's DistRows.
+      DistRows host;
+      host.Reset(vocab);
+      if (kernels::DistRowSparse(kept, vocab)) {
+        std::vector<float> p(static_cast<size_t>(kept));
+        std::vector<int32_t> ids(static_cast<size_t>(kept));
+        std::memcpy(p.data(), &words[at], p.size() * 4);
+        std::memcpy(ids.data(), &words[at + p.size()], ids.size() * 4);
+        ASSERT_TRUE(host.AddSparse(ids, p).ok()) << what;
+        ++sparse;
+      } else {
+        std::vector<float> p(static_cast<size_t>(vocab));
+        std::memcpy(p.data(), &words[at], p.size() * 4);
+        host.AddDense(p);
+        ++dense;
+      }
+      at += static_cast<size_t>(kernels::DistRowWords(kept, vocab));
+      std::vector<float> expanded;
+      host.Expand(0, expanded);
+      EXPECT_EQ(expanded, want) << what;
+    }
+  }
+  EXPECT_GT(sparse, 30);
+  EXPECT_GT(dense, 30);
 }
 
 }  // namespace

@@ -356,6 +356,72 @@ TEST(EngineCore, CalibrationTimesEachShapeAfterTheRunnersWarmUpPasses) {
   }
 }
 
+// A runner that takes distribution rows (ModelRunner::returns_distributions, as a GPU runner
+// does) and fills them on the host (the default ForwardArgmax), counting them.
+class DistributionRunner final : public DelegatingRunner {
+ public:
+  using DelegatingRunner::DelegatingRunner;
+  std::string name() const override { return "distributions"; }
+  bool returns_distributions() const override { return true; }
+  Status ForwardArgmax(const ForwardBatch& b, const KvCacheManager& kv, std::span<float> l,
+                       std::span<int32_t> a, DistRows* d) override {
+    dist_rows += static_cast<int64_t>(b.dist_rows.size());
+    logit_rows += static_cast<int64_t>(b.logit_rows.size());
+    return ModelRunner::ForwardArgmax(b, kv, l, a, d);
+  }
+  int64_t dist_rows = 0, logit_rows = 0;
+};
+
+// Sampled speculative sequences that read no logits get their trees back as distribution rows,
+// verified from those: three of them batched together (each tree's rows at its own offset among
+// the pass's) equal their runs alone through logits rows token for token, under temperature,
+// top-p and top-k, and no logits row crosses.
+TEST(EngineCore, SampledTreesVerifiedFromDistributionRowsEqualLogitsRows) {
+  auto engine = MakeEngine(4);
+  ASSERT_TRUE(engine);
+  DistributionRunner runner(engine->runner());
+  BatchOptions o;
+  o.spec_budget = SpecBudgetMode::kStatic;  // whole trees, as the engine's runs alone
+  EngineCore batch(runner, engine->kv(), o);
+  struct Case {
+    float temperature;
+    int32_t top_k;
+    float top_p;
+  };
+  const std::vector<Case> cases = {{1.0f, 0, 1.0f}, {0.8f, 0, 0.9f}, {1.2f, 20, 0.95f}};
+  std::vector<GenerateRequest> reqs;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    GenerateRequest req;
+    req.prompt_tokens = *engine->EncodePrompt(i == 1 ? "Once upon a time, there was a big dog"
+                                                     : "Once upon a time");
+    req.max_new_tokens = 40;
+    req.sampling.temperature = cases[i].temperature;
+    req.sampling.top_k = cases[i].top_k;
+    req.sampling.top_p = cases[i].top_p;
+    req.sampling.seed = 17 + i;
+    req.speculators = {*engine->GetSpeculator("layers:3"), *engine->GetSpeculator("ngram:1")};
+    req.tree_shape = *TreeShape::Parse("2,2,1");
+    req.callback_logits = false;
+    reqs.push_back(req);
+  }
+  std::vector<Outcome> out(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i)
+    ASSERT_EQ(AddTo(batch, reqs[i], out[i]), EngineCore::Admission::kAdmitted) << i;
+  while (!batch.idle()) batch.Step();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    GenerateRequest alone = reqs[i];
+    alone.callback_logits = true;  // logits rows on the engine's own runner
+    auto want = engine->Generate(alone);
+    ASSERT_TRUE(want.ok() && out[i].done && out[i].done->ok()) << i;
+    EXPECT_EQ((*out[i].done)->tokens, want->tokens) << "request " << i;
+    EXPECT_GT((*out[i].done)->stats.spec.accepted_tokens, 0) << "request " << i;
+    EXPECT_EQ(out[i].without_logits, static_cast<int32_t>(want->tokens.size())) << i;
+  }
+  EXPECT_GT(runner.dist_rows, 100);
+  EXPECT_EQ(runner.logit_rows, 0) << "decode steps brought back logits rows";
+  EXPECT_EQ(engine->kv().used_blocks(), 0);
+}
+
 TEST(EngineCore, AFailedPassFailsItsSequencesAndServingGoesOn) {
   auto engine = MakeEngine(4);
   ASSERT_TRUE(engine);

@@ -301,6 +301,79 @@ TEST(MultiStepSpeculativeSampling, LowTemperatureTopKAndTopPKeepTheDistribution)
   }
 }
 
+// The LLM's distributions at the tree's nodes given as rows of DistRows (what a GPU runner brings
+// back for a sampled tree instead of logits: ComputeProbs there), stored sparse or dense as
+// DistRows chooses, after `offset` unrelated rows.
+DistRows ToDistRows(std::span<const float> logits, int32_t vocab, const SamplingParams& params,
+                    int32_t offset) {
+  DistRows dists;
+  dists.Reset(vocab);
+  std::vector<float> p(static_cast<size_t>(vocab), 0.0f);
+  p[0] = 1.0f;
+  for (int32_t i = 0; i < offset; ++i) dists.AddDense(p);
+  for (size_t v = 0; v * vocab < logits.size(); ++v) {
+    ComputeProbs(logits.subspan(v * vocab, static_cast<size_t>(vocab)), params, p);
+    dists.AddDense(p);
+  }
+  return dists;
+}
+
+TEST(MultiStepSpeculativeSampling, DistributionRowsKeepTheDistribution) {
+  const VerifyFn from_dists = [](const TokenTree& tree, std::span<const float> logits,
+                                 int32_t vocab, const SamplingParams& params, Rng& rng,
+                                 const std::vector<int32_t>&) {
+    return VerifyStochastic(tree, ToDistRows(logits, vocab, params, 3), 3, rng);
+  };
+  for (const SamplingParams& s : {Temperature(1), Temperature(0.7f, 5, 0.9f)}) {
+    SCOPED_TRACE("temperature " + std::to_string(s.temperature) + " top_k " +
+                 std::to_string(s.top_k) + " top_p " + std::to_string(s.top_p));
+    const Deviation d = Measure({{GoodDraftLogits, false}, {PoorDraftLogits, true}},
+                                *TreeShape::Parse("2,1,1"), s, from_dists, kSamples / 2);
+    EXPECT_LT(d.max_z, 5);
+    EXPECT_FALSE(d.impossible);
+  }
+}
+
+// Verifying from the distributions is verifying from the logits, draw for draw: the same
+// accepted path and token from the same random stream, over a vocabulary large enough that
+// top-k/top-p rows are stored sparse.
+TEST(VerifyStochastic, FromDistributionRowsEqualsFromLogits) {
+  constexpr int32_t kWide = 96;
+  std::mt19937 gen(3);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  int sparse_rows = 0, accepted = 0;
+  for (const SamplingParams& s : {Temperature(1), Temperature(0.8f, 0, 0.6f), Temperature(1.2f, 6),
+                                  Temperature(0.5f, 8, 0.9f)}) {
+    for (int trial = 0; trial < 150; ++trial) {
+      // A random tree over tokens 0..5, its proposals sampled from a toy q or deterministic.
+      TokenTree t(0);
+      const int32_t size = 1 + static_cast<int32_t>(gen() % 10);
+      while (t.size() < size) {
+        const auto parent = static_cast<int32_t>(gen() % static_cast<uint32_t>(t.size()));
+        std::vector<float> q(kWide, 0.0f);
+        for (int32_t x = 0; x < 6; ++x) q[x] = 1.0f / 6;
+        const int32_t dist = gen() % 2 ? t.AddDistribution(q) : -1;
+        t.Propose(parent, static_cast<int32_t>(gen() % 6), 0, dist);
+      }
+      std::vector<float> logits(static_cast<size_t>(t.size()) * kWide);
+      for (float& l : logits) l = normal(gen);
+      for (int32_t v = 0; v < t.size(); ++v)  // the drafts' tokens likely
+        for (int32_t x = 0; x < 6; ++x) logits[static_cast<size_t>(v) * kWide + x] += 3.0f;
+      const DistRows dists = ToDistRows(logits, kWide, s, 2);
+      for (int32_t r = 2; r < dists.size(); ++r) sparse_rows += !dists.ids(r).empty();
+      Rng a(static_cast<uint64_t>(trial)), b(static_cast<uint64_t>(trial));
+      const VerifyOutcome want = VerifyStochastic(t, logits, kWide, s, a);
+      const VerifyOutcome got = VerifyStochastic(t, dists, 2, b);
+      EXPECT_EQ(got.accepted, want.accepted) << "trial " << trial;
+      EXPECT_EQ(got.next_token, want.next_token) << "trial " << trial;
+      EXPECT_EQ(a.Uniform(), b.Uniform()) << "trial " << trial << ": draws out of step";
+      accepted += static_cast<int>(want.accepted.size());
+    }
+  }
+  EXPECT_GT(sparse_rows, 300);
+  EXPECT_GT(accepted, 100);
+}
+
 // --- Dynamic trees (spec/dynamic_tree.h): grown by cumulative draft probability under a node
 // budget, several speculators in turn within what the earlier ones left. ---
 

@@ -154,6 +154,14 @@ struct CudaModelRunner::Impl {
   float *gate = nullptr, *up = nullptr, *fin = nullptr, *logits = nullptr;
   int32_t* argmax_ids = nullptr;  // [L] argmax of a chunk of argmax rows, and the maxima
   float* argmax_values = nullptr;
+  // A chunk of distribution rows: their nonzero counts [L] and the rows packed ([L * vocab]
+  // words at most; kernels/sampling.cuh DistRows).
+  int32_t* dist_counts = nullptr;
+  uint32_t* dist_packed = nullptr;
+  // The pass's distribution rows as they came back (by index in batch.dist_rows: pieces and
+  // chunks take them in token order), before they are appended in order.
+  std::vector<int32_t> dist_kept;
+  std::vector<std::vector<uint32_t>> dist_words;
   void* q_kv = nullptr;   // q in the KV type, [N, q_dim] (16-bit caches)
   void* x16 = nullptr;    // activations in fp16/bf16 for cuBLAS, [N, max in-features]
   __half* w16 = nullptr;  // a dequantised weight matrix for cuBLAS
@@ -213,8 +221,9 @@ struct CudaModelRunner::Impl {
     if (group && !s.ok()) group->Abort(s);
     return s;
   }
+  // `dists` receives batch.dist_rows (required with them; a share refuses them).
   Status Run(const ForwardBatch& batch, std::span<const std::span<const int32_t>> tables,
-             std::span<float> logits, std::span<ArgmaxShare> argmax);
+             std::span<float> logits, std::span<ArgmaxShare> argmax, DistRows* dists = nullptr);
   Status SetGroup(std::shared_ptr<DeviceCollective> c) {
     if (c) {
       const CollectiveLayout& g = c->layout();
@@ -508,6 +517,10 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   const int64_t logits_off = wsa.Add(4 * int64_t{logit_chunk} * vocab_range.count);
   const int64_t amax_id_off = wsa.Add(4 * int64_t{logit_chunk});
   const int64_t amax_val_off = wsa.Add(4 * int64_t{logit_chunk});
+  // Distribution rows: the whole model only (a share's columns make no distribution).
+  const int64_t dist_count_off = sharded() ? -1 : wsa.Add(4 * int64_t{logit_chunk});
+  const int64_t dist_packed_off =
+      sharded() ? -1 : wsa.Add(4 * int64_t{logit_chunk} * vocab_range.count);
   const int64_t qkv_off = kv_elem_bytes == 2 ? wsa.Add(2 * n * q_local) : -1;
   const bool tp = layout.tp_size > 1;
   const int64_t att_full_off = tp ? wsa.Add(4 * n * q_dim) : -1;
@@ -625,6 +638,8 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   logits = f(logits_off);
   argmax_ids = reinterpret_cast<int32_t*>(f(amax_id_off));
   argmax_values = f(amax_val_off);
+  dist_counts = dist_count_off >= 0 ? reinterpret_cast<int32_t*>(f(dist_count_off)) : nullptr;
+  dist_packed = dist_packed_off >= 0 ? reinterpret_cast<uint32_t*>(f(dist_packed_off)) : nullptr;
   q_kv = qkv_off >= 0 ? ws + qkv_off : nullptr;
   x16 = x16_off >= 0 ? ws + x16_off : nullptr;
   w16 = w16_off >= 0 ? reinterpret_cast<__half*>(ws + w16_off) : nullptr;
@@ -639,10 +654,12 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   // Metadata for a typical pass; grows if a pass needs more.
   SI_RETURN_IF_ERROR(meta.Reserve(int64_t{64} << 10, "pass metadata"));
   SI_RETURN_IF_ERROR(meta_host.Reserve(int64_t{64} << 10, "pass metadata"));
-  // A chunk of logits rows, then a chunk of argmax rows' ids and maxima (apart, so that a pass
-  // replayed from a graph can bring back one chunk of each before its rows are handed out).
+  // A chunk of logits rows, then a chunk of argmax rows' ids and maxima and one of distribution
+  // rows' counts (apart, so that a pass replayed from a graph can bring back one chunk of each
+  // before its rows are handed out; the packed distributions come after, into the logits rows'
+  // part, once those are handed out).
   SI_RETURN_IF_ERROR(logits_host.Reserve(
-      4 * int64_t{logit_chunk} * (std::max<int64_t>(vocab_range.count, 1) + 2), "logits staging"));
+      4 * int64_t{logit_chunk} * (std::max<int64_t>(vocab_range.count, 1) + 3), "logits staging"));
   return CudaStatus(cudaStreamSynchronize(stream), "model upload");
 }
 
@@ -705,7 +722,8 @@ struct PieceOps {
   using Impl = CudaModelRunner::Impl;
   PieceOps(Impl& impl, const ForwardBatch& b, int32_t n, const std::vector<int32_t>& local,
            const std::vector<int32_t>& index, std::span<float> out,
-           const std::vector<int32_t>& a_index, std::span<ArgmaxShare> a_out)
+           const std::vector<int32_t>& a_index, std::span<ArgmaxShare> a_out,
+           const std::vector<int32_t>& d_index)
       : im(impl),
         c(impl.config()),
         batch(b),
@@ -714,7 +732,8 @@ struct PieceOps {
         logit_index(index),
         logits_out(out),
         argmax_index(a_index),
-        argmax_out(a_out) {
+        argmax_out(a_out),
+        dist_index(d_index) {
     use_cublas = !batch.batch_invariant && im.opt.cublas_min_tokens > 0 &&
                  np >= im.opt.cublas_min_tokens;
     rope_mode = c.rope_style == RopeStyle::kInterleaved ? kernels::RopeMode::kInterleaved
@@ -820,10 +839,11 @@ struct PieceOps {
   }
   // Final norm and classifier for the wanted rows (this rank's vocabulary rows), logit_chunk rows
   // at a time: the logits rows' come back; the argmax rows' (d_lrows after the logits rows')
-  // stay on the GPU, which finds their argmax and sends only it. Before the last stage, x goes
-  // on to the next one instead. With `deferred` (a pass captured into a graph: one chunk of each
-  // kind at most), the chunks' rows are copied to the host but left there for CollectAll after
-  // the pass.
+  // stay on the GPU, which finds their argmax and sends only it; the distribution rows' (after
+  // those) become distributions there and only what each keeps comes back. Before the last
+  // stage, x goes on to the next one instead. With `deferred` (a pass captured into a graph: one
+  // chunk of each kind at most), the chunks' rows are copied to the host but left there for
+  // CollectAll after the pass.
   Status Output() {
     if (im.layout.stage + 1 < im.layout.num_stages)
       return im.group->SendToNextStage(im.x, static_cast<size_t>(np) * c.dim, im.stream);
@@ -834,18 +854,22 @@ struct PieceOps {
     }
     return Status::Ok();
   }
-  size_t total_rows() const { return logit_local.size() + argmax_index.size(); }
-  // A chunk holds logits rows or argmax rows, not both.
+  size_t total_rows() const { return logit_local.size() + argmax_index.size() + dist_index.size(); }
+  size_t dist_first() const { return logit_local.size() + argmax_index.size(); }
+  // A chunk holds rows of one kind: logits, argmax or distribution rows.
   size_t ChunkEnd(size_t r0) const {
     const size_t num_logits = logit_local.size();
-    return std::min(r0 + static_cast<size_t>(im.logit_chunk),
-                    r0 < num_logits ? num_logits : total_rows());
+    const size_t kind_end = r0 < num_logits     ? num_logits
+                            : r0 < dist_first() ? dist_first()
+                                                : total_rows();
+    return std::min(r0 + static_cast<size_t>(im.logit_chunk), kind_end);
   }
   // Whether the wanted rows take at most one classifier chunk of each kind (a pass a graph can
   // hold whole: the host staging has room for one of each).
   bool OneChunkEach() const {
     const size_t chunk = static_cast<size_t>(im.logit_chunk);
-    return logit_local.size() <= chunk && argmax_index.size() <= chunk;
+    return logit_local.size() <= chunk && argmax_index.size() <= chunk &&
+           dist_index.size() <= chunk;
   }
   Status CollectAll() {
     for (size_t r0 = 0, r1 = 0; r0 < total_rows(); r0 = r1) {
@@ -860,6 +884,10 @@ struct PieceOps {
   }
   float* argmax_values_host() const {
     return im.logits_host.get<float>() + int64_t{im.logit_chunk} * (im.vocab_range.count + 1);
+  }
+  int32_t* dist_counts_host() const {
+    return reinterpret_cast<int32_t*>(im.logits_host.get<float>() +
+                                      int64_t{im.logit_chunk} * (im.vocab_range.count + 2));
   }
   // Rows [r0, r1) on the device: norm, classifier, argmax for argmax rows; copied to the host.
   Status Classify(size_t r0, size_t r1) {
@@ -876,6 +904,15 @@ struct PieceOps {
           cudaMemcpyAsync(im.logits_host.get(), im.logits, static_cast<size_t>(m * vocab) * 4,
                           cudaMemcpyDeviceToHost, im.stream),
           "logits download");
+    if (r0 >= dist_first()) {
+      SI_RETURN_IF_ERROR(Check(kernels::LaunchDistRows(im.logits, m, static_cast<int32_t>(vocab),
+                                                       d_dist + (r0 - dist_first()), im.dist_counts,
+                                                       im.dist_packed, im.stream),
+                               "distribution rows"));
+      return Check(cudaMemcpyAsync(dist_counts_host(), im.dist_counts, static_cast<size_t>(m) * 4,
+                                   cudaMemcpyDeviceToHost, im.stream),
+                   "distribution counts download");
+    }
     if (d_draws != nullptr) {
       SI_RETURN_IF_ERROR(
           Check(kernels::LaunchDrawTokens(im.logits, m, static_cast<int32_t>(vocab),
@@ -908,11 +945,34 @@ struct PieceOps {
                     static_cast<size_t>(vocab) * 4);
       return Status::Ok();
     }
+    if (r0 >= dist_first()) return CollectDists(r0, m);
     const int32_t* ids = argmax_ids_host();
     const float* values = argmax_values_host();
     for (int32_t i = 0; i < m; ++i)
       argmax_out[static_cast<size_t>(argmax_index[r0 - num_logits + i])] =
           ArgmaxShare{values[i], static_cast<int32_t>(im.vocab_range.begin) + ids[i]};
+    return Status::Ok();
+  }
+
+  // Distribution rows [r0, r0 + m), their counts on the host: their packed words (a second
+  // download, of exactly what they keep, into the logits rows' staging) kept by row index.
+  Status CollectDists(size_t r0, int32_t m) {
+    const auto vocab = static_cast<int32_t>(im.vocab_range.count);
+    const int32_t* counts = dist_counts_host();
+    int64_t total = 0;
+    for (int32_t i = 0; i < m; ++i) total += kernels::DistRowWords(counts[i], vocab);
+    auto* words = reinterpret_cast<uint32_t*>(im.logits_host.get<float>());
+    SI_RETURN_IF_ERROR(Check(cudaMemcpyAsync(words, im.dist_packed, static_cast<size_t>(total) * 4,
+                                             cudaMemcpyDeviceToHost, im.stream),
+                             "distribution rows download"));
+    SI_RETURN_IF_ERROR(im.Wait("distribution rows download"));
+    for (int32_t i = 0; i < m; ++i) {
+      const auto index = static_cast<size_t>(dist_index[r0 - dist_first() + i]);
+      const int64_t n = kernels::DistRowWords(counts[i], vocab);
+      im.dist_kept[index] = counts[i];
+      im.dist_words[index].assign(words, words + n);
+      words += n;
+    }
     return Status::Ok();
   }
 
@@ -927,6 +987,7 @@ struct PieceOps {
   const std::span<float> logits_out;
   const std::vector<int32_t>& argmax_index;  // this piece's argmax rows' index in argmax_rows
   const std::span<ArgmaxShare> argmax_out;
+  const std::vector<int32_t>& dist_index;  // this piece's distribution rows' index in dist_rows
   bool use_cublas = false;
   bool deferred = false;  // Output leaves the rows on the host for Collect
   kernels::RopeMode rope_mode = kernels::RopeMode::kHalf;
@@ -936,6 +997,7 @@ struct PieceOps {
   const int64_t* d_slots = nullptr;
   const int32_t* d_lrows = nullptr;
   const kernels::TokenDraw* d_draws = nullptr;  // [argmax rows] with sampled draws, else null
+  const kernels::TokenDraw* d_dist = nullptr;   // [distribution rows] their settings
   kernels::TreeAttentionParams attn;  // all but the layer's caches, set once per piece
 };
 
@@ -1017,8 +1079,9 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
   SI_ASSIGN_OR_RETURN(TreeAttentionPlan ap, PlanTreeAttention(reqs, po));
 
   // Rows whose logits are wanted in this piece: (local row, index in batch.logit_rows); then
-  // its argmax rows (local row after them, index in batch.argmax_rows).
-  std::vector<int32_t> logit_local, logit_index, argmax_index;
+  // its argmax rows (local row after them, index in batch.argmax_rows), then its distribution
+  // rows (the same, in batch.dist_rows).
+  std::vector<int32_t> logit_local, logit_index, argmax_index, dist_index;
   for (size_t i = 0; i < batch.logit_rows.size(); ++i) {
     const int32_t r = batch.logit_rows[i];
     if (r >= g0 && r < g1) {
@@ -1033,6 +1096,19 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
       lrows.push_back(r - g0);
       argmax_index.push_back(static_cast<int32_t>(i));
     }
+  }
+  std::vector<kernels::TokenDraw> dist_settings;
+  for (size_t i = 0; i < batch.dist_rows.size(); ++i) {
+    const int32_t r = batch.dist_rows[i];
+    if (r < g0 || r >= g1) continue;
+    lrows.push_back(r - g0);
+    dist_index.push_back(static_cast<int32_t>(i));
+    const TokenDraw& d = batch.dist_settings[i];
+    kernels::TokenDraw k;
+    k.temperature = d.temperature;
+    k.top_k = d.top_k;
+    k.top_p = d.top_p;
+    dist_settings.push_back(k);
   }
   // With sampled draws, every argmax row's rule (ForwardBatch::draws), for DrawTokens.
   std::vector<kernels::TokenDraw> draws;
@@ -1060,6 +1136,7 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
   const int64_t treq_off = Append(blob, ap.token_request.data(), ap.token_request.size());
   const int64_t lrow_off = Append(blob, lrows.data(), lrows.size());
   const int64_t draw_off = Append(blob, draws.data(), draws.size());
+  const int64_t dist_off = Append(blob, dist_settings.data(), dist_settings.size());
   const int64_t table_off = Append(blob, tables.data(), tables.size());
   const int64_t bytes = static_cast<int64_t>(blob.size());
   // Grown with room to spare: a new address is a new graph key.
@@ -1072,12 +1149,15 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
       "metadata upload"));
   uint8_t* md = meta.get<uint8_t>();
 
-  PieceOps ops(*this, batch, np, logit_local, logit_index, logits_out, argmax_index, argmax_out);
+  PieceOps ops(*this, batch, np, logit_local, logit_index, logits_out, argmax_index, argmax_out,
+               dist_index);
   ops.d_tokens = reinterpret_cast<const int32_t*>(md + tok_off);
   ops.d_pos = reinterpret_cast<const int32_t*>(md + pos_off);
   ops.d_slots = reinterpret_cast<const int64_t*>(md + slot_off);
   ops.d_lrows = reinterpret_cast<const int32_t*>(md + lrow_off);
   if (!draws.empty()) ops.d_draws = reinterpret_cast<const kernels::TokenDraw*>(md + draw_off);
+  if (!dist_settings.empty())
+    ops.d_dist = reinterpret_cast<const kernels::TokenDraw*>(md + dist_off);
   kernels::TreeAttentionParams& ap_params = ops.attn;
   ap_params.out = att;
   ap_params.q = kv_type == kernels::AttnType::kF32 ? static_cast<const void*>(q) : q_kv;
@@ -1104,8 +1184,8 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
     return RunLlamaProgram(ops, static_cast<int32_t>(layer_range.count));
   };
   // A graph holds a batch-invariant pass of the whole model whose rows fit a classifier chunk of
-  // each kind (logits rows, argmax rows); its key is everything the pass's launches take by value
-  // (the rest is in `meta`).
+  // each kind (logits, argmax and distribution rows); its key is everything the pass's launches
+  // take by value (the rest is in `meta`).
   cudaGraphExec_t graph = nullptr;
   if (batch.batch_invariant && !sharded() && !ops.use_cublas && ops.OneChunkEach()) {
     const std::vector<int64_t> key = {np,
@@ -1119,6 +1199,7 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
                                       static_cast<int64_t>(logit_local.size()),
                                       static_cast<int64_t>(argmax_index.size()),
                                       static_cast<int64_t>(draws.size()),
+                                      static_cast<int64_t>(dist_index.size()),
                                       reinterpret_cast<intptr_t>(md),
                                       reinterpret_cast<intptr_t>(logits_host.get())};
     ops.deferred = true;
@@ -1179,7 +1260,8 @@ Status CudaModelRunner::Synchronize() {
 
 Status CudaModelRunner::Impl::Run(const ForwardBatch& batch,
                                   std::span<const std::span<const int32_t>> tables,
-                                  std::span<float> logits, std::span<ArgmaxShare> argmax) {
+                                  std::span<float> logits, std::span<ArgmaxShare> argmax,
+                                  DistRows* dists) {
   if (sharded() && group == nullptr)
     return FailedPreconditionError("this share of the model is not in a group");
   if (sharded() && layout.stage + 1 == layout.num_stages &&
@@ -1189,6 +1271,12 @@ Status CudaModelRunner::Impl::Run(const ForwardBatch& batch,
     return InvalidArgumentError("argmax buffer too small");
   if (sharded() && batch.has_draws())
     return InvalidArgumentError("a share of the model does not draw sampled tokens");
+  if (!batch.dist_rows.empty() && (sharded() || dists == nullptr))
+    return InvalidArgumentError(sharded() ? "a share of the model does not return distributions"
+                                          : "distribution rows need a DistRows to fill");
+  const int32_t vocab = static_cast<int32_t>(vocab_range.count);
+  dist_kept.assign(batch.dist_rows.size(), -1);
+  dist_words.resize(batch.dist_rows.size());
   const int32_t n = batch.size();
   if (n == 0) return Status::Ok();
   SI_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(opt.device), "cudaSetDevice"));
@@ -1198,6 +1286,24 @@ Status CudaModelRunner::Impl::Run(const ForwardBatch& batch,
     if (!s.ok()) {
       cudaStreamSynchronize(stream);  // leave nothing running on a failed pass
       return s;
+    }
+  }
+  if (dists == nullptr) return Status::Ok();
+  dists->Reset(vocab);
+  for (size_t i = 0; i < dist_kept.size(); ++i) {
+    if (dist_kept[i] < 0) return InternalError("a distribution row did not come back");
+    const std::vector<uint32_t>& w = dist_words[i];
+    if (kernels::DistRowSparse(dist_kept[i], vocab)) {
+      const auto kept = static_cast<size_t>(dist_kept[i]);
+      std::vector<float> probs(kept);
+      std::memcpy(probs.data(), w.data(), kept * 4);
+      SI_RETURN_IF_ERROR(dists->AddSparse(
+          std::span<const int32_t>(reinterpret_cast<const int32_t*>(w.data()) + kept, kept),
+          probs));
+    } else {
+      std::vector<float> probs(w.size());
+      std::memcpy(probs.data(), w.data(), w.size() * 4);
+      dists->AddDense(probs);
     }
   }
   return Status::Ok();
@@ -1227,20 +1333,23 @@ Status CudaModelRunner::Forward(const ForwardBatch& batch, const KvCacheManager&
 }
 
 Status CudaModelRunner::ForwardArgmax(const ForwardBatch& batch, const KvCacheManager& kv,
-                                      std::span<float> logits, std::span<int32_t> argmax) {
+                                      std::span<float> logits, std::span<int32_t> argmax,
+                                      DistRows* dists) {
   Impl& im = *impl_;
   if (im.sharded())
     return im.Fail(FailedPreconditionError(
         "ForwardArgmax on a share of the model: its argmax is ForwardWithTables' share"));
   const ForwardLimits limits{im.config().vocab_size, im.opt.num_kv_blocks, im.opt.kv_block_size};
-  SI_RETURN_IF_ERROR(CheckForward(batch, kv, limits, logits.size(), argmax.size()));
+  SI_RETURN_IF_ERROR(
+      CheckForward(batch, kv, limits, logits.size(), argmax.size(), dists != nullptr));
   std::vector<ArgmaxShare> shares(batch.argmax_rows.size());
-  SI_RETURN_IF_ERROR(im.Run(batch, BlockTables(batch, kv), logits, shares));
+  SI_RETURN_IF_ERROR(im.Run(batch, BlockTables(batch, kv), logits, shares, dists));
   for (size_t i = 0; i < shares.size(); ++i) argmax[i] = shares[i].id;
   return Status::Ok();
 }
 
 bool CudaModelRunner::draws_tokens() const { return !impl_->sharded(); }
+bool CudaModelRunner::returns_distributions() const { return !impl_->sharded(); }
 
 int32_t CudaModelRunner::warmup_passes() const {
   const Impl& im = *impl_;

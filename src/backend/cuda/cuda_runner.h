@@ -47,9 +47,11 @@
 //     attention work items and chunking, rows wanted. Decode at a given batch size keeps one
 //     graph while the contexts grow (the work items change only every attention chunk), a fixed
 //     tree shape one more. A failed capture turns graphs off for the runner (warning logged).
-// Not done: graphs for TP x PP shares (collectives are not captured), Q5_0/Q5_1; a sampled token
-// tree's rows still come back as logits (multi-step speculative sampling reads their
-// distributions on the host), as do the rows of requests that read logits (logprobs). Numerics
+//   - a sampled token tree's distributions computed on the device (ForwardBatch::dist_rows):
+//     multi-step speculative sampling on the host gets each node's kept tokens and their
+//     probabilities, not its logits.
+// Not done: graphs for TP x PP shares (collectives are not captured), Q5_0/Q5_1; rows of
+// requests that read logits (logprobs) come back as logits. Numerics
 // against the CPU backend (float32 weights and KV): products and attention differ only in summation
 // order (relative differences ~1e-6 on logits), RoPE tables are the CPU's. Within the GPU,
 // batch-invariant passes are bit-exact: a token's logits do not depend on its batch, and a tree
@@ -145,10 +147,15 @@ class CudaModelRunner final : public ModelRunner {
   // The argmax rows' ids (argmaxes or draws) are found on the GPU (kernels/sampling.cuh), after
   // the classifier: only they cross to the host, not [argmax_rows, vocab] floats. A share (TP > 1)
   // refuses it: its rows' argmax over its columns alone is ForwardWithTables' ArgmaxShare.
+  // Distribution rows (ForwardBatch::dist_rows) become distributions on the GPU too
+  // (kernels/sampling.cuh DistRows), and only what each keeps crosses: its tokens and their
+  // probabilities when top-k/top-p leave few, else the row's vocab probabilities.
   Status ForwardArgmax(const ForwardBatch& batch, const KvCacheManager& kv, std::span<float> logits,
-                       std::span<int32_t> argmax) override;
+                       std::span<int32_t> argmax, DistRows* dists = nullptr) override;
   // Sampled draws run on the device (kernels/sampling.cuh DrawTokens); not on a share.
   bool draws_tokens() const override;
+  // True but on a share (TP x PP: its columns alone do not make a distribution).
+  bool returns_distributions() const override;
   // 2 with CUDA graphs (a shape is captured the second time it comes), else 0.
   int32_t warmup_passes() const override;
   Status MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,
