@@ -1,7 +1,9 @@
 // Micro-benchmark of ComputeProbs (sampling/sampler.h), the distribution every sampled token and
 // every speculative verification step draws from, on one thread: median microseconds per row for
 // each setting against the implementation it replaced, which sorted the whole vocabulary for top_p
-// (the baseline, measured in the same run), with the kept set's size.
+// (the baseline, measured in the same run), with the kept set's size and the bytes its row takes
+// as a distribution row (sampling/dist_rows.h: what a GPU runner sends back for a sampled token
+// tree's node) beside the row's logits (4 * vocab bytes).
 //
 //   bench_sampling [--vocab 49152] [--runs 15] [--rows 20]
 //
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "sampling/dist_rows.h"
 #include "sampling/sampler.h"
 
 namespace specinfer {
@@ -112,8 +115,8 @@ int main(int argc, char** argv) {
                               {"top_k=50", 50, 1.0f},
                               {"top_k=50,top_p=0.9", 50, 0.9f}};
   std::printf("vocab %d, %d rows per run, median of %d runs, one thread\n\n", vocab, rows, runs);
-  std::printf("%-7s %-20s %8s %14s %14s %8s\n", "scale", "setting", "kept", "before us",
-              "ComputeProbs us", "speedup");
+  std::printf("%-7s %-20s %8s %14s %14s %8s %10s %10s\n", "scale", "setting", "kept", "before us",
+              "ComputeProbs us", "speedup", "row KB", "logits KB");
   std::mt19937 gen(1);
   int mismatches = 0;
   for (float scale : {1.5f, 4.0f, 8.0f}) {
@@ -136,8 +139,12 @@ int main(int argc, char** argv) {
       const auto kept = std::count_if(probs.begin(), probs.end(), [](float p) { return p > 0; });
       for (size_t i = 0; i < probs.size(); ++i)
         if ((probs[i] > 0) != (base[i] > 0) || std::abs(probs[i] - base[i]) > 1e-6f) ++mismatches;
-      std::printf("%-7.1f %-20s %8ld %14.1f %14.1f %7.1fx\n", scale, s.name,
-                  static_cast<long>(kept), base_us, us, base_us / us);
+      DistRows as_row;
+      as_row.Reset(vocab);
+      as_row.AddDense(probs);
+      std::printf("%-7.1f %-20s %8ld %14.1f %14.1f %7.1fx %10.2f %10.1f\n", scale, s.name,
+                  static_cast<long>(kept), base_us, us, base_us / us,
+                  static_cast<double>(as_row.stored_values()) * 4 / 1024, vocab * 4.0 / 1024);
     }
   }
   if (mismatches > 0) {
