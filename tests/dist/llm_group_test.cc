@@ -325,7 +325,9 @@ TEST(LlmGroupGeneration, PrefixCachingOverTheGroupEqualsTheLocalEngineWithout) {
     const auto got = GenerateAll(**remote, remote_kv, reqs, /*prefix_cache=*/true, &cached);
     for (size_t i = 0; i < want.size(); ++i)
       EXPECT_EQ(got[i], want[i]) << "round " << round << ", request " << i;
-    if (round == 1) EXPECT_GE(cached, 4 * 16) << "the second round reuses the cached prompts";
+    if (round == 1) {
+      EXPECT_GE(cached, 4 * 16) << "the second round reuses the cached prompts";
+    }
   }
   EXPECT_GT(remote_kv.prefix_stats().hit_tokens, 0);
 }

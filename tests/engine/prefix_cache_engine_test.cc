@@ -121,7 +121,9 @@ TEST(PrefixCacheEngine, MultiTurnConversationsEqualWithTheCacheOff) {
         const auto& res = **out_on[c].done;
         cached_total += res.stats.cached_prompt_tokens;
         // Every later turn finds the whole previous turn's full blocks at least.
-        if (turn > 0) EXPECT_GE(res.stats.cached_prompt_tokens, 16) << c << " turn " << turn;
+        if (turn > 0) {
+          EXPECT_GE(res.stats.cached_prompt_tokens, 16) << c << " turn " << turn;
+        }
         for (auto* v : {&conv[c], &conv_off[c]})
           v->insert(v->end(), res.tokens.begin(), res.tokens.end());
       }

@@ -117,7 +117,9 @@ void CheckBatchedEqualsAlone(const std::string& spec, const SamplingParams& samp
       ASSERT_TRUE(trees[i].ok()) << trees[i].status().ToString();
       const std::string what = "step " + std::to_string(step) + " sequence " + std::to_string(i);
       ExpectSameTree(*trees[i], *lone, what);
-      if (max_depths[i] > 0) EXPECT_GT(trees[i]->size(), 1) << what;
+      if (max_depths[i] > 0) {
+        EXPECT_GT(trees[i]->size(), 1) << what;
+      }
       // Accept the first path's first `step % 3` tokens, then a token of "the LLM".
       std::vector<int32_t> path;
       for (int32_t v = 0; !trees[i]->node(v).children.empty();) {
