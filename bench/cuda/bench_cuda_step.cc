@@ -6,7 +6,10 @@
 // the engine uses for decode and trees, and cuBLAS (batch-dependent, what prompt passes use).
 // The batch-invariant passes are timed launched kernel by kernel (eager) and replayed from a
 // CUDA graph (what the engine does for decode and tree passes of a shape it has seen): the
-// graph's gain is the launch overhead of a few hundred kernels.
+// graph's gain is the launch overhead of a few hundred kernels. Two more graph columns bring back
+// what the engine asks for when nobody reads logits: every node's argmax (a greedy tree) and every
+// node's distribution under top_k 50, top_p 0.9 (a sampled tree: DistRows, only the kept tokens
+// cross), instead of every node's logits.
 // --decode N instead generates N tokens one step at a time after the prompt and prints decode
 // tokens per second, with graphs and eager (scripts/bench_cuda_vs_torch.py compares the graph
 // figure with Hugging Face transformers).
@@ -154,9 +157,11 @@ int main(int argc, char** argv) {
 
   Status s = kv.Reserve(seq, context + max_tree);
   if (!s.ok()) return Fail(s);
-  std::printf("%8s %12s %12s %8s %10s %12s %10s\n", "tree", "eager ms", "graph ms", "gain", "ratio",
-              "cuBLAS ms", "ratio");
-  double base[3] = {0, 0, 0};
+  std::printf("%8s %12s %12s %8s %10s %12s %10s %10s %10s %10s\n", "tree", "eager ms", "graph ms",
+              "gain", "ratio", "cuBLAS ms", "ratio", "argmax ms", "dists ms", "ratio");
+  double base[5] = {0, 0, 0, 0, 0};
+  std::vector<int32_t> ids;
+  DistRows dists;
   for (int32_t t : trees) {
     // A random tree of t nodes in depth-first order, positions context + depth.
     std::vector<int32_t> parents(static_cast<size_t>(t)), depth(static_cast<size_t>(t));
@@ -172,19 +177,34 @@ int main(int argc, char** argv) {
     b.logit_rows.resize(static_cast<size_t>(t));
     std::iota(b.logit_rows.begin(), b.logit_rows.end(), 0);
     logits.resize(static_cast<size_t>(t) * c.vocab_size);
+    // The same tree wanting every node's argmax, and every node's distribution.
+    ForwardBatch argmax_rows = b, dist_rows = b;
+    argmax_rows.logit_rows.clear();
+    dist_rows.logit_rows.clear();
+    for (int32_t i = 0; i < t; ++i) {
+      argmax_rows.AddTokenRow(i);
+      dist_rows.AddDistRow(i, TokenDraw{0.8f, 50, 0.9f, 0.0});
+    }
+    ids.resize(static_cast<size_t>(t));
     // Modes: batch-invariant kernels eager, the same from a graph, cuBLAS (eager: batch-dependent
-    // passes are not captured).
-    double ms[3];
-    for (int mode = 0; mode < 3; ++mode) {
-      b.batch_invariant = mode < 2;
-      runner.SetCudaGraphs(mode == 1);
+    // passes are not captured), argmax rows and distribution rows from a graph.
+    double ms[5];
+    for (int mode = 0; mode < 5; ++mode) {
+      b.batch_invariant = mode != 2;
+      runner.SetCudaGraphs(mode == 1 || mode >= 3);
       std::vector<double> runs;
       // Untimed first passes: one, and for the graph a second (a shape's first pass runs
       // eagerly, its second is captured).
-      const int32_t warmup = mode == 1 ? 2 : 1;
+      const int32_t warmup = mode == 1 || mode >= 3 ? 2 : 1;
       for (int32_t i = 0; i < iters + warmup; ++i) {
         const auto t0 = Clock::now();
-        s = runner.Forward(b, kv, logits);  // synchronous: logits are back on the host
+        // Synchronous: logits, ids or distributions are back on the host.
+        if (mode == 3)
+          s = runner.ForwardArgmax(argmax_rows, kv, {}, ids);
+        else if (mode == 4)
+          s = runner.ForwardArgmax(dist_rows, kv, {}, {}, &dists);
+        else
+          s = runner.Forward(b, kv, logits);
         if (!s.ok()) return Fail(s);
         if (i >= warmup)
           runs.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
@@ -193,13 +213,16 @@ int main(int argc, char** argv) {
       ms[mode] = runs[runs.size() / 2];
       if (t == trees.front()) base[mode] = ms[mode];
     }
-    std::printf("%8d %12.2f %12.2f %7.2fx %10.2f %12.2f %10.2f\n", t, ms[0], ms[1], ms[0] / ms[1],
-                ms[1] / base[1], ms[2], ms[2] / base[2]);
+    std::printf("%8d %12.2f %12.2f %7.2fx %10.2f %12.2f %10.2f %10.2f %10.2f %10.2f\n", t, ms[0],
+                ms[1], ms[0] / ms[1], ms[1] / base[1], ms[2], ms[2] / base[2], ms[3], ms[4],
+                ms[4] / base[3]);
     std::fflush(stdout);
   }
   std::printf(
-      "(gain: eager / graph; ratios are to the %d-token step, graph and cuBLAS; the step "
-      "includes copying every node's logits back)\n",
-      trees.front());
+      "(gain: eager / graph; ratios are to the %d-token step, graph and cuBLAS; those steps "
+      "include copying every node's logits back; argmax and dists: graphs bringing back every "
+      "node's argmax or distribution (top_k 50, top_p 0.9: the last tree's rows kept %lld "
+      "values), the last ratio dists to the %d-token argmax step)\n",
+      trees.front(), static_cast<long long>(dists.stored_values()), trees.front());
   return 0;
 }
