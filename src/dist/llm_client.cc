@@ -229,10 +229,14 @@ Status RemoteLlmRunner::RegisterAll(bool first) {
   } else if (blocks < kv_blocks_ || block_size != kv_block_size_) {
     return FailedPreconditionError("LLM group: a worker came back with a smaller KV capacity");
   }
+  bool dists = options_.tp_size == 1;
   for (size_t i = 0; i < workers_.size(); ++i) {
     workers_[i]->boot_id = infos[i].boot_id();
     epoch_ = std::max<uint64_t>(epoch_, infos[i].epoch());
+    if (workers_[i]->stage == options_.num_stages - 1)
+      dists = dists && infos[i].returns_distributions();
   }
+  returns_dists_ = dists;
   return Status::Ok();
 }
 
@@ -331,22 +335,23 @@ Status RemoteLlmRunner::Forward(const ForwardBatch& batch, const KvCacheManager&
 
 Status RemoteLlmRunner::ForwardArgmax(const ForwardBatch& batch, const KvCacheManager& kv,
                                       std::span<float> logits, std::span<int32_t> argmax,
-                                      DistRows* /*dists*/) {
+                                      DistRows* dists) {
   if (batch.has_draws())
     return InvalidArgumentError("an LLM group does not draw sampled tokens (draws_tokens)");
-  if (!batch.dist_rows.empty())
+  if (!batch.dist_rows.empty() && !returns_dists_.load())
     return InvalidArgumentError(
-        "an LLM group does not return distributions (returns_distributions)");
-  return Pass(batch, kv, logits, argmax);
+        "this LLM group does not return distributions (returns_distributions)");
+  return Pass(batch, kv, logits, argmax, dists);
 }
 
 Status RemoteLlmRunner::Pass(const ForwardBatch& batch, const KvCacheManager& kv,
-                             std::span<float> logits, std::span<int32_t> argmax) {
+                             std::span<float> logits, std::span<int32_t> argmax, DistRows* dists) {
   const ModelConfig& c = model_->config();
   std::lock_guard lock(mu_);
   SI_RETURN_IF_ERROR(CheckForward(batch, kv,
                                   ForwardLimits{c.vocab_size, kv_blocks_, kv_block_size_},
-                                  logits.size(), argmax.size()));
+                                  logits.size(), argmax.size(), dists != nullptr));
+  if (dists != nullptr) dists->Reset(c.vocab_size);
   if (batch.size() == 0) return Status::Ok();
   const size_t m = batch.logit_rows.size();
   if (broken_) {
@@ -362,6 +367,13 @@ Status RemoteLlmRunner::Pass(const ForwardBatch& batch, const KvCacheManager& kv
   req.mutable_positions()->Add(batch.positions.begin(), batch.positions.end());
   req.mutable_logit_rows()->Add(batch.logit_rows.begin(), batch.logit_rows.end());
   req.mutable_argmax_rows()->Add(batch.argmax_rows.begin(), batch.argmax_rows.end());
+  req.mutable_dist_rows()->Add(batch.dist_rows.begin(), batch.dist_rows.end());
+  for (const TokenDraw& d : batch.dist_settings) {
+    pb::LlmSampling* ps = req.add_dist_settings();
+    ps->set_temperature(d.temperature);
+    ps->set_top_k(d.top_k);
+    ps->set_top_p(d.top_p);
+  }
   req.set_batch_invariant(batch.batch_invariant);
   req.set_kv_block_size(kv_block_size_);
   for (const BatchSequence& s : batch.seqs) {
@@ -444,6 +456,25 @@ Status RemoteLlmRunner::Pass(const ForwardBatch& batch, const KvCacheManager& kv
         return InternalError(workers_[i]->Name() + " answered an argmax outside its columns");
       }
       argmax_shares_[row].Combine(ArgmaxShare{r.argmax_values(static_cast<int>(row)), id});
+    }
+    if (!batch.dist_rows.empty()) {  // one last-stage worker (returns_distributions)
+      const std::string& packed = r.dist_packed();
+      Status got =
+          r.dist_kept_size() == static_cast<int>(batch.dist_rows.size()) && packed.size() % 4 == 0
+              ? Status::Ok()
+              : InvalidArgumentError("wrong number of distribution rows");
+      std::vector<uint32_t> words(packed.size() / 4);
+      if (got.ok()) {
+        std::memcpy(words.data(), packed.data(), packed.size());
+        got = dists->AddPacked(
+            std::span<const int32_t>(r.dist_kept().data(), static_cast<size_t>(r.dist_kept_size())),
+            words);
+      }
+      if (!got.ok()) {
+        MarkBroken();
+        return InternalError(workers_[i]->Name() +
+                             " answered malformed distribution rows: " + got.message());
+      }
     }
   }
   for (size_t row = 0; row < a; ++row) argmax[row] = argmax_shares_[row].id;

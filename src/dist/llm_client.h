@@ -74,11 +74,16 @@ class RemoteLlmRunner final : public ModelRunner {
                  std::span<float> logits) override;
   // The last stage's workers find the argmax rows' argmax over their columns (on their device):
   // one id and one value per row and rank cross the network instead of the rows' logits.
+  // Distribution rows go to the workers where returns_distributions(): the last stage's worker
+  // answers what each distribution keeps instead of the rows' logits.
   Status ForwardArgmax(const ForwardBatch& batch, const KvCacheManager& kv, std::span<float> logits,
                        std::span<int32_t> argmax, DistRows* dists = nullptr) override;
-  // Sampled draws and distribution rows are not sent to the workers (a row's tensor-parallel
-  // shares would have to combine their distributions): sampled sequences get logits rows.
+  // Sampled draws are not sent to the workers: sampled sequences without a tree get logits rows.
   bool draws_tokens() const override { return false; }
+  // Whether the last stage is one worker (TP 1) that computes distribution rows where its logits
+  // are (LlmWorkerInfo::returns_distributions: a GPU share); TP > 1 shares would have to combine
+  // their columns' distributions first, and sampled trees get logits rows.
+  bool returns_distributions() const override { return returns_dists_.load(); }
   Status MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,
                 std::span<const int32_t> dst) override;
   int32_t num_kv_blocks() const override { return kv_blocks_; }
@@ -111,7 +116,7 @@ class RemoteLlmRunner final : public ModelRunner {
   RemoteLlmRunner(const LlmGroupOptions& options, std::shared_ptr<const Model> model,
                   uint64_t fingerprint);
   Status Pass(const ForwardBatch& batch, const KvCacheManager& kv, std::span<float> logits,
-              std::span<int32_t> argmax);
+              std::span<int32_t> argmax, DistRows* dists = nullptr);
   Status RegisterAll(bool first);  // requires mu_
   Status Reform();                 // requires mu_
   Status CheckKvEpochs(const ForwardBatch& batch, const KvCacheManager& kv);  // requires mu_
@@ -133,6 +138,7 @@ class RemoteLlmRunner final : public ModelRunner {
   bool broken_ = true;
   bool joined_ = false;  // a group was formed by this runner (released on destruction)
   std::atomic<uint64_t> kv_epoch_{0};
+  std::atomic<bool> returns_dists_{false};  // as the workers last registered
   // Group epoch in which each physical KV block was last written (0: never; epochs start at 1).
   // Kept per block, not per sequence: with prefix caching (kv/kv_cache.h) a sequence reads
   // blocks other sequences wrote, and a block may be in several block tables at once.

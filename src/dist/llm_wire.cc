@@ -40,6 +40,13 @@ Status ParseForwardRequest(const pb::LlmForwardRequest& req, const LlmWireLimits
   if (req.seqs_size() > n) return InvalidArgumentError("more sequences than tokens");
   if (req.logit_rows_size() > n) return InvalidArgumentError("more logits rows than tokens");
   if (req.argmax_rows_size() > n) return InvalidArgumentError("more argmax rows than tokens");
+  if (req.dist_rows_size() > n) return InvalidArgumentError("more distribution rows than tokens");
+  if (req.dist_settings_size() != req.dist_rows_size())
+    return InvalidArgumentError("distribution rows and their settings differ in number");
+  if (limits.last_stage &&
+      int64_t{req.dist_rows_size()} * limits.forward.vocab_size * 4 > kMaxLogitsBytes)
+    return InvalidArgumentError("distributions of " + std::to_string(req.dist_rows_size()) +
+                                " rows may exceed one response's limit");
   if (limits.last_stage &&
       int64_t{req.logit_rows_size()} * limits.logits_vocab * 4 > kMaxLogitsBytes)
     return InvalidArgumentError("logits of " + std::to_string(req.logit_rows_size()) +
@@ -51,6 +58,10 @@ Status ParseForwardRequest(const pb::LlmForwardRequest& req, const LlmWireLimits
   batch.positions.assign(req.positions().begin(), req.positions().end());
   batch.logit_rows.assign(req.logit_rows().begin(), req.logit_rows().end());
   batch.argmax_rows.assign(req.argmax_rows().begin(), req.argmax_rows().end());
+  for (int i = 0; i < req.dist_rows_size(); ++i) {
+    const pb::LlmSampling& d = req.dist_settings(i);
+    batch.AddDistRow(req.dist_rows(i), TokenDraw{d.temperature(), d.top_k(), d.top_p(), 0.0});
+  }
   batch.batch_invariant = req.batch_invariant();
   masks.reserve(req.seqs_size());  // stable addresses for BatchSequence::mask
   for (int i = 0; i < req.seqs_size(); ++i) {

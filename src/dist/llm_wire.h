@@ -24,7 +24,8 @@ struct LlmWireLimits {
 
 // Turns a Forward request into a ForwardBatch, checking every field first: the block size is the
 // worker's; at most 2^16 tokens, positions in [0, 2^24), as many positions as tokens, no more
-// sequences or logits rows than tokens, a response's logits under 1 GiB; each sequence's ranges
+// sequences, logits or distribution rows than tokens (and one setting per distribution row), a
+// response's logits and distributions under 1 GiB each; each sequence's ranges
 // non-negative and non-empty, its block table inside the storage and covering its positions, its
 // mask (if any) of the right rows and columns; then ForwardBatch::Validate. The batch's masks
 // point into `masks` and `tables` into `req`, which must outlive them. InvalidArgument otherwise.

@@ -181,11 +181,13 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
     const auto t0 = Clock::now();
     std::vector<float> logits;
     std::vector<ArgmaxShare> argmax;
-    if (runner_->last_stage()) {
+    DistRows dists;
+    const bool last = runner_->last_stage();
+    if (last) {
       logits.resize(batch.logit_rows.size() * runner_->vocab().count);
       argmax.resize(batch.argmax_rows.size());
     }
-    Status s = runner_->Forward(batch, tables, logits, argmax);
+    Status s = runner_->Forward(batch, tables, logits, argmax, last ? &dists : nullptr);
     const double collective = runner_->TakeCollectiveSeconds();
     if (!s.ok()) {
       if (s.code() == StatusCode::kAborted) {
@@ -208,6 +210,13 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
       for (const ArgmaxShare& a : argmax) {
         resp->add_argmax_values(a.value);
         resp->add_argmax_ids(a.id);
+      }
+      if (!batch.dist_rows.empty()) {
+        std::vector<int32_t> kept;
+        std::vector<uint32_t> words;
+        dists.Pack(kept, words);
+        resp->mutable_dist_kept()->Add(kept.begin(), kept.end());
+        resp->set_dist_packed(reinterpret_cast<const char*>(words.data()), words.size() * 4);
       }
     }
     return grpc::Status::OK;
@@ -288,6 +297,7 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
     info->set_boot_id(boot_id_);
     info->set_epoch(epoch_);
     info->set_in_group(in_group_);
+    info->set_returns_distributions(runner_->last_stage() && runner_->returns_distributions());
   }
 
   LlmWireLimits WireLimits() const {

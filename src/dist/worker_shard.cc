@@ -33,7 +33,10 @@ class CpuWorkerShard final : public WorkerShard {
   bool in_group() const override { return group_ != nullptr; }
 
   Status Forward(const ForwardBatch& batch, std::span<const std::span<const int32_t>> tables,
-                 std::span<float> logits, std::span<ArgmaxShare> argmax) override {
+                 std::span<float> logits, std::span<ArgmaxShare> argmax,
+                 DistRows* /*dists*/) override {
+    if (!batch.dist_rows.empty() && runner_->last_stage())
+      return InvalidArgumentError("a CPU share does not return distribution rows");
     auto forward = [&](const ForwardBatch& b, std::span<float> out) {
       return runner_->Forward(b, tables, group_.get(), out);
     };

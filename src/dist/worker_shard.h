@@ -53,10 +53,14 @@ class WorkerShard {
 
   // One pass (CpuShardRunner::Forward's contract: validated batch and tables; on the last stage
   // `logits` holds [logit_rows, vocab().count] and `argmax` [argmax_rows] each argmax row's
-  // largest logit over vocab() and its token id). An ABORTED error means the group is broken.
+  // largest logit over vocab() and its token id; where returns_distributions(), `dists` the
+  // distribution rows, required with them). An ABORTED error means the group is broken.
   virtual Status Forward(const ForwardBatch& batch,
                          std::span<const std::span<const int32_t>> tables, std::span<float> logits,
-                         std::span<ArgmaxShare> argmax) = 0;
+                         std::span<ArgmaxShare> argmax, DistRows* dists = nullptr) = 0;
+  // Whether this last-stage share computes distribution rows (ForwardBatch::dist_rows) where its
+  // logits are: a GPU share holding the whole vocabulary. Others refuse batches that have them.
+  virtual bool returns_distributions() const { return false; }
   virtual Status MoveKv(std::span<const int32_t> table, std::span<const int32_t> src,
                         std::span<const int32_t> dst) = 0;
   // Seconds spent in collectives since the last call.

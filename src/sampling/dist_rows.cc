@@ -1,6 +1,8 @@
 #include "sampling/dist_rows.h"
 
 #include <algorithm>
+#include <cstring>
+#include <string>
 
 namespace specinfer {
 
@@ -50,6 +52,69 @@ std::span<const float> DistRows::probs(int32_t r) const {
   const auto b = static_cast<size_t>(prob_begin_[static_cast<size_t>(r)]);
   return std::span<const float>(probs_).subspan(
       b, static_cast<size_t>(prob_begin_[static_cast<size_t>(r) + 1]) - b);
+}
+
+void DistRows::Pack(std::vector<int32_t>& kept, std::vector<uint32_t>& words) const {
+  std::vector<float> p;
+  for (int32_t r = 0; r < size(); ++r) {
+    Expand(r, p);
+    const auto k = std::count_if(p.begin(), p.end(), [](float x) { return x != 0.0f; });
+    kept.push_back(static_cast<int32_t>(k));
+    const size_t at = words.size();
+    if (!Sparse(k, vocab_)) {
+      words.resize(at + p.size());
+      std::memcpy(words.data() + at, p.data(), p.size() * 4);
+      continue;
+    }
+    words.resize(at + 2 * static_cast<size_t>(k));
+    size_t j = at;
+    for (size_t i = 0; i < p.size(); ++i)
+      if (p[i] != 0.0f) std::memcpy(&words[j++], &p[i], 4);
+    for (size_t i = 0; i < p.size(); ++i)
+      if (p[i] != 0.0f) words[j++] = static_cast<uint32_t>(i);
+  }
+}
+
+Status DistRows::AddPacked(std::span<const int32_t> kept, std::span<const uint32_t> words) {
+  size_t need = 0;
+  for (int32_t k : kept) {
+    if (k < 0 || k > vocab_) return InvalidArgumentError("distribution row: bad token count");
+    need += Sparse(k, vocab_) ? 2 * static_cast<size_t>(k) : static_cast<size_t>(vocab_);
+  }
+  if (need != words.size())
+    return InvalidArgumentError("distribution rows: " + std::to_string(words.size()) +
+                                " words packed, their counts need " + std::to_string(need));
+  const int32_t before = size();
+  std::vector<float> probs;
+  std::vector<int32_t> ids;
+  for (int32_t k : kept) {
+    if (Sparse(k, vocab_)) {
+      const auto n = static_cast<size_t>(k);
+      probs.resize(n);
+      ids.resize(n);
+      std::memcpy(probs.data(), words.data(), n * 4);
+      std::memcpy(ids.data(), words.data() + n, n * 4);
+      words = words.subspan(2 * n);
+      Status s = AddSparse(ids, probs);
+      if (!s.ok()) {
+        Truncate(before);
+        return s;
+      }
+    } else {
+      probs.resize(static_cast<size_t>(vocab_));
+      std::memcpy(probs.data(), words.data(), probs.size() * 4);
+      words = words.subspan(probs.size());
+      AddDense(probs);
+    }
+  }
+  return Status::Ok();
+}
+
+void DistRows::Truncate(int32_t rows) {
+  prob_begin_.resize(static_cast<size_t>(rows) + 1);
+  id_begin_.resize(static_cast<size_t>(rows) + 1);
+  probs_.resize(static_cast<size_t>(prob_begin_.back()));
+  ids_.resize(static_cast<size_t>(id_begin_.back()));
 }
 
 void DistRows::Expand(int32_t r, std::vector<float>& p) const {

@@ -41,7 +41,19 @@ class DistRows {
   // Floats and ids held (what crossed from the device).
   int64_t stored_values() const { return static_cast<int64_t>(probs_.size() + ids_.size()); }
 
+  // The packed form (the LLM worker protocol's, kernels/sampling.cuh's): for each row the tokens
+  // it keeps (a dense row: its nonzero probabilities), and the rows one after another as 4-byte
+  // words, a sparse row its probabilities then its ids, a dense row its vocab probabilities.
+  // Appends to `kept` and `words`.
+  void Pack(std::vector<int32_t>& kept, std::vector<uint32_t>& words) const;
+  // Appends rows given packed (`kept` one per row, `words` exactly their words). InvalidArgument
+  // (nothing appended) if they do not fit together or a sparse row's ids are not ascending in
+  // the vocabulary.
+  Status AddPacked(std::span<const int32_t> kept, std::span<const uint32_t> words);
+
  private:
+  void Truncate(int32_t rows);  // drops the rows from `rows` on
+
   int32_t vocab_ = 0;
   std::vector<int64_t> prob_begin_{0}, id_begin_{0};  // [size + 1]
   std::vector<float> probs_;

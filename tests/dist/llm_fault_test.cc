@@ -104,8 +104,7 @@ TEST(LlmWorkerValidation, MalformedMessagesAreRejectedAndTheWorkerKeepsServing) 
   const Case cases[] = {
       {"block id beyond capacity", [](auto& r) { r.mutable_seqs(0)->set_block_table(0, 1 << 20); }},
       {"negative block id", [](auto& r) { r.mutable_seqs(0)->set_block_table(0, -1); }},
-      {"table too short for kv_prefix",
-       [](auto& r) { r.mutable_seqs(0)->set_kv_prefix(40); }},
+      {"table too short for kv_prefix", [](auto& r) { r.mutable_seqs(0)->set_kv_prefix(40); }},
       {"mask columns do not match",
        [](auto& r) {
          auto* s = r.mutable_seqs(0);
@@ -123,7 +122,8 @@ TEST(LlmWorkerValidation, MalformedMessagesAreRejectedAndTheWorkerKeepsServing) 
       {"masked KV without a mask", [](auto& r) { r.mutable_seqs(0)->set_masked_kv(1); }},
       {"token outside the vocabulary", [](auto& r) { r.set_tokens(1, 512); }},
       {"negative token", [](auto& r) { r.set_tokens(0, -3); }},
-      {"sequence does not start at its token", [](auto& r) { r.mutable_seqs(0)->set_token_begin(1); }},
+      {"sequence does not start at its token",
+       [](auto& r) { r.mutable_seqs(0)->set_token_begin(1); }},
       {"sequence longer than the batch", [](auto& r) { r.mutable_seqs(0)->set_token_count(4); }},
       {"negative kv prefix", [](auto& r) { r.mutable_seqs(0)->set_kv_prefix(-1); }},
       {"positions and tokens differ", [](auto& r) { r.add_positions(3); }},
@@ -133,6 +133,17 @@ TEST(LlmWorkerValidation, MalformedMessagesAreRejectedAndTheWorkerKeepsServing) 
        [](auto& r) { r.add_logit_rows(0), r.add_logit_rows(1), r.add_logit_rows(2); }},
       {"other KV block size", [](auto& r) { r.set_kv_block_size(32); }},
       {"tokens not covered by sequences", [](auto& r) { r.add_tokens(1), r.add_positions(3); }},
+      {"distribution row without its settings", [](auto& r) { r.add_dist_rows(0); }},
+      {"distribution row out of range",
+       [](auto& r) {
+         r.add_dist_rows(3);
+         r.add_dist_settings()->set_temperature(1);
+       }},
+      {"distribution settings out of range",
+       [](auto& r) {
+         r.add_dist_rows(0);
+         r.add_dist_settings()->set_top_p(1.5f);
+       }},
   };
   for (const Case& c : cases) {
     pb::LlmForwardRequest req = ValidRequest(epoch);

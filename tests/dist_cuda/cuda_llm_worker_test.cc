@@ -198,6 +198,73 @@ TEST(CudaLlmWorkerGeneration, GreedyTp2Pp2EqualsOneGpuWithAndWithoutSpeculation)
   }
 }
 
+// Sampled token trees of requests that read no logits: a group whose last stage is one GPU worker
+// (TP 1; one stage or two) answers each node's distribution (what top-k/top-p keep) instead of its
+// logits, and the tokens equal one GPU's (its distributions made by the same kernels from the
+// same logits) token for token; the same requests reading logits take several times the bytes
+// back. A TP 2 group does not offer distributions: its shares hold a column range each.
+TEST(CudaLlmWorkerGeneration, SampledTreesComeBackAsDistributionsFromATp1Group) {
+  const Stories& st = LoadStories();
+  ASSERT_TRUE(st.model);
+  SpeculatorOptions so;
+  so.num_threads = 1;
+  auto layers = CreateSpeculator("layers:2", st.model, so);
+  ASSERT_TRUE(layers.ok()) << layers.status().ToString();
+  for (const auto& [tp, pp] : {std::make_pair(1, 1), std::make_pair(1, 2), std::make_pair(2, 1)}) {
+    const std::string what = "tp " + std::to_string(tp) + " pp " + std::to_string(pp);
+    if (cuda::DeviceCount() < tp * pp) {
+      std::printf("skipped %s: needs %d GPUs\n", what.c_str(), tp * pp);
+      continue;
+    }
+    auto group = StartCudaGroup(tp, pp);
+    ASSERT_TRUE(group) << what;
+    auto remote = RemoteLlmRunner::Connect(group->GroupOptions(), st.model, st.fingerprint);
+    ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+    EXPECT_EQ((*remote)->returns_distributions(), tp == 1) << what;
+    const int32_t blocks = (*remote)->num_kv_blocks();
+    cuda::CudaRunnerOptions o;
+    o.num_kv_blocks = blocks;
+    auto whole = cuda::CudaModelRunner::Create(st.model, o);
+    ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+    std::vector<GenerateRequest> reqs;
+    const char* prompts[] = {"Once upon a time", "Lily and Ben went to the park. They saw"};
+    for (int i = 0; i < 2; ++i) {
+      GenerateRequest r;
+      r.prompt_tokens = *st.tokenizer->Encode(prompts[i], /*add_bos=*/true);
+      r.max_new_tokens = 12;
+      r.sampling.temperature = 0.8f;
+      r.sampling.top_k = i == 0 ? 20 : 0;
+      r.sampling.top_p = i == 0 ? 1.0f : 0.8f;
+      r.sampling.seed = 3 + i;
+      r.speculators = {layers->get()};
+      r.tree_shape = *TreeShape::Parse("2,1,1");
+      r.callback_logits = false;
+      reqs.push_back(r);
+    }
+    KvCacheManager whole_kv(blocks, 16), remote_kv(blocks, (*remote)->kv_block_size());
+    const auto want = GenerateAll(**whole, whole_kv, reqs);
+    const auto before = (*remote)->traffic();
+    const auto got = GenerateAll(**remote, remote_kv, reqs);
+    const auto after = (*remote)->traffic();
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(want[i].size(), 12u) << what << ", request " << i;
+      EXPECT_EQ(got[i], want[i]) << what << ", request " << i;
+    }
+    if (tp != 1) continue;
+    // The same requests with their rows as logits: far more bytes back for as many passes.
+    for (GenerateRequest& r : reqs) r.callback_logits = true;
+    EXPECT_EQ(GenerateAll(**remote, remote_kv, reqs).size(), reqs.size());
+    const auto end = (*remote)->traffic();
+    const double dist_bytes = static_cast<double>(after.response_bytes - before.response_bytes) /
+                              static_cast<double>(after.passes - before.passes);
+    const double logits_bytes = static_cast<double>(end.response_bytes - after.response_bytes) /
+                                static_cast<double>(end.passes - after.passes);
+    std::printf("%s: %.0f response bytes a pass with distribution rows, %.0f with logits rows\n",
+                what.c_str(), dist_bytes, logits_bytes);
+    EXPECT_LT(dist_bytes * 3, logits_bytes) << what;
+  }
+}
+
 // A worker that shuts down: the group's next pass fails with an error, bounded by the collective
 // timeout (3 s in GroupOptions), not a hang; once the worker is back on its port, the manager
 // re-forms the group (a new in-process collective under a new epoch) and passes give one GPU's

@@ -53,6 +53,45 @@ TEST(DistRows, AddSparseRefusesIdsOutOfOrderOrOutsideTheVocabulary) {
   EXPECT_EQ(p, (std::vector<float>{0, 0, 0.5f, 0, 0, 0, 0, 0, 0, 0.5f}));
 }
 
+// The packed form (the LLM worker protocol's) holds the rows exactly; counts and words that do not
+// fit together, or ids out of order, are refused and append nothing.
+TEST(DistRows, PackedRowsComeBackWholeAndMalformedOnesAreRefused) {
+  constexpr int32_t kVocab = 32;
+  DistRows rows;
+  rows.Reset(kVocab);
+  std::vector<float> few(kVocab, 0.0f), many(kVocab, 1.0f / kVocab);
+  few[5] = 0.5f;
+  few[31] = 0.5f;
+  rows.AddDense(few);
+  rows.AddDense(many);
+  ASSERT_TRUE(
+      rows.AddSparse(std::vector<int32_t>{0, 7, 9}, std::vector<float>{0.2f, 0.3f, 0.5f}).ok());
+  std::vector<int32_t> kept;
+  std::vector<uint32_t> words;
+  rows.Pack(kept, words);
+  EXPECT_EQ(kept, (std::vector<int32_t>{2, 32, 3}));
+  EXPECT_EQ(words.size(), 4u + 32u + 6u);
+  DistRows back;
+  back.Reset(kVocab);
+  ASSERT_TRUE(back.AddPacked(kept, words).ok());
+  ASSERT_EQ(back.size(), 3);
+  std::vector<float> a, b;
+  for (int32_t r = 0; r < 3; ++r) {
+    rows.Expand(r, a);
+    back.Expand(r, b);
+    EXPECT_EQ(a, b) << "row " << r;
+  }
+  DistRows bad;
+  bad.Reset(kVocab);
+  std::vector<uint32_t> short_words(words.begin(), words.end() - 1);
+  EXPECT_EQ(bad.AddPacked(kept, short_words).code(), StatusCode::kInvalidArgument);
+  std::vector<uint32_t> swapped = words;
+  std::swap(swapped[2], swapped[3]);  // the first row's ids, 5 and 31, now descending
+  EXPECT_EQ(bad.AddPacked(kept, swapped).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.AddPacked(std::vector<int32_t>{-1}, {}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.size(), 0);
+}
+
 // What ComputeProbs keeps comes back whole: a top-p nucleus of a 49152-token row is a few ids.
 TEST(DistRows, ATopPNucleusTakesAFractionOfItsLogits) {
   constexpr int32_t kVocab = 49152;

@@ -517,10 +517,12 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   const int64_t logits_off = wsa.Add(4 * int64_t{logit_chunk} * vocab_range.count);
   const int64_t amax_id_off = wsa.Add(4 * int64_t{logit_chunk});
   const int64_t amax_val_off = wsa.Add(4 * int64_t{logit_chunk});
-  // Distribution rows: the whole model only (a share's columns make no distribution).
-  const int64_t dist_count_off = sharded() ? -1 : wsa.Add(4 * int64_t{logit_chunk});
+  // Distribution rows: where this share holds the whole vocabulary (a TP rank's columns make no
+  // distribution).
+  const bool dists = layout.tp_size == 1 && layout.stage + 1 == layout.num_stages;
+  const int64_t dist_count_off = dists ? wsa.Add(4 * int64_t{logit_chunk}) : -1;
   const int64_t dist_packed_off =
-      sharded() ? -1 : wsa.Add(4 * int64_t{logit_chunk} * vocab_range.count);
+      dists ? wsa.Add(4 * int64_t{logit_chunk} * vocab_range.count) : -1;
   const int64_t qkv_off = kv_elem_bytes == 2 ? wsa.Add(2 * n * q_local) : -1;
   const bool tp = layout.tp_size > 1;
   const int64_t att_full_off = tp ? wsa.Add(4 * n * q_dim) : -1;
@@ -1271,9 +1273,11 @@ Status CudaModelRunner::Impl::Run(const ForwardBatch& batch,
     return InvalidArgumentError("argmax buffer too small");
   if (sharded() && batch.has_draws())
     return InvalidArgumentError("a share of the model does not draw sampled tokens");
-  if (!batch.dist_rows.empty() && (sharded() || dists == nullptr))
-    return InvalidArgumentError(sharded() ? "a share of the model does not return distributions"
-                                          : "distribution rows need a DistRows to fill");
+  if (!batch.dist_rows.empty() && layout.stage + 1 == layout.num_stages &&
+      (layout.tp_size > 1 || dists == nullptr))
+    return InvalidArgumentError(layout.tp_size > 1
+                                    ? "a tensor-parallel share does not return distributions"
+                                    : "distribution rows need a DistRows to fill");
   const int32_t vocab = static_cast<int32_t>(vocab_range.count);
   dist_kept.assign(batch.dist_rows.size(), -1);
   dist_words.resize(batch.dist_rows.size());
@@ -1288,25 +1292,14 @@ Status CudaModelRunner::Impl::Run(const ForwardBatch& batch,
       return s;
     }
   }
-  if (dists == nullptr) return Status::Ok();
+  if (dists == nullptr || layout.stage + 1 < layout.num_stages) return Status::Ok();
   dists->Reset(vocab);
+  std::vector<uint32_t> words;
   for (size_t i = 0; i < dist_kept.size(); ++i) {
     if (dist_kept[i] < 0) return InternalError("a distribution row did not come back");
-    const std::vector<uint32_t>& w = dist_words[i];
-    if (kernels::DistRowSparse(dist_kept[i], vocab)) {
-      const auto kept = static_cast<size_t>(dist_kept[i]);
-      std::vector<float> probs(kept);
-      std::memcpy(probs.data(), w.data(), kept * 4);
-      SI_RETURN_IF_ERROR(dists->AddSparse(
-          std::span<const int32_t>(reinterpret_cast<const int32_t*>(w.data()) + kept, kept),
-          probs));
-    } else {
-      std::vector<float> probs(w.size());
-      std::memcpy(probs.data(), w.data(), w.size() * 4);
-      dists->AddDense(probs);
-    }
+    words.insert(words.end(), dist_words[i].begin(), dist_words[i].end());
   }
-  return Status::Ok();
+  return dists->AddPacked(dist_kept, words);
 }
 
 namespace {
@@ -1358,7 +1351,8 @@ int32_t CudaModelRunner::warmup_passes() const {
 
 Status CudaModelRunner::ForwardWithTables(const ForwardBatch& batch,
                                           std::span<const std::span<const int32_t>> tables,
-                                          std::span<float> logits, std::span<ArgmaxShare> argmax) {
+                                          std::span<float> logits, std::span<ArgmaxShare> argmax,
+                                          DistRows* dists) {
   Impl& im = *impl_;
   const ForwardLimits limits{im.config().vocab_size, im.opt.num_kv_blocks, im.opt.kv_block_size};
   Status s = batch.Validate(im.config().vocab_size);
@@ -1371,7 +1365,7 @@ Status CudaModelRunner::ForwardWithTables(const ForwardBatch& batch,
       logits.size() < batch.logit_rows.size() * static_cast<size_t>(im.config().vocab_size))
     s = InvalidArgumentError("logits buffer too small");
   SI_RETURN_IF_ERROR(im.Fail(s));
-  return im.Fail(im.Run(batch, tables, logits, argmax));
+  return im.Fail(im.Run(batch, tables, logits, argmax, dists));
 }
 
 const CollectiveLayout& CudaModelRunner::layout() const { return impl_->layout; }

@@ -163,10 +163,13 @@ class CudaModelRunner final : public ModelRunner {
   // The same, with the block tables given directly (an LLM worker, which gets them with every
   // batch): tables[i] is that of batch.seqs[i]; they are checked against the KV storage. On the
   // last stage `argmax` ([argmax_rows]) receives each argmax row's largest logit over this
-  // rank's columns and its (model-wide) token id, for the group's ranks' shares to combine.
+  // rank's columns and its (model-wide) token id, for the group's ranks' shares to combine; and
+  // where this share holds the whole vocabulary (TP 1), `dists` the distribution rows (required
+  // with them; refused with TP > 1; untouched before the last stage).
   Status ForwardWithTables(const ForwardBatch& batch,
                            std::span<const std::span<const int32_t>> tables,
-                           std::span<float> logits, std::span<ArgmaxShare> argmax = {});
+                           std::span<float> logits, std::span<ArgmaxShare> argmax = {},
+                           DistRows* dists = nullptr);
   Status MoveKvWithTable(std::span<const int32_t> table, std::span<const int32_t> src,
                          std::span<const int32_t> dst);
 

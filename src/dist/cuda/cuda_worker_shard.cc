@@ -100,9 +100,11 @@ class CudaWorkerShard final : public WorkerShard {
   bool in_group() const override { return joined_; }
 
   Status Forward(const ForwardBatch& batch, std::span<const std::span<const int32_t>> tables,
-                 std::span<float> logits, std::span<ArgmaxShare> argmax) override {
+                 std::span<float> logits, std::span<ArgmaxShare> argmax, DistRows* dists) override {
     if (!joined_) return FailedPreconditionError("not in a group");
-    Status s = runner_->ForwardWithTables(batch, tables, logits, argmax);
+    if (!batch.dist_rows.empty() && runner_->last_stage() && !returns_distributions())
+      return InvalidArgumentError("a tensor-parallel share does not return distribution rows");
+    Status s = runner_->ForwardWithTables(batch, tables, logits, argmax, dists);
     if (!s.ok() && group_) {  // the runner has aborted the group: the peers fail too
       Leave();
       return Status(StatusCode::kAborted, s.ToString());
@@ -114,6 +116,9 @@ class CudaWorkerShard final : public WorkerShard {
     return runner_->MoveKvWithTable(table, src, dst);
   }
   double TakeCollectiveSeconds() override { return 0.0; }
+  bool returns_distributions() const override {
+    return runner_->last_stage() && runner_->layout().tp_size == 1;
+  }
 
  private:
   std::unique_ptr<CudaModelRunner> runner_;
