@@ -962,7 +962,11 @@ struct PieceOps {
     const auto vocab = static_cast<int32_t>(im.vocab_range.count);
     const int32_t* counts = dist_counts_host();
     int64_t total = 0;
-    for (int32_t i = 0; i < m; ++i) total += kernels::DistRowWords(counts[i], vocab);
+    for (int32_t i = 0; i < m; ++i) {
+      if (counts[i] < 0 || counts[i] > vocab)
+        return InternalError("distribution row kept " + std::to_string(counts[i]) + " tokens");
+      total += kernels::DistRowWords(counts[i], vocab);
+    }
     auto* words = reinterpret_cast<uint32_t*>(im.logits_host.get<float>());
     SI_RETURN_IF_ERROR(Check(cudaMemcpyAsync(words, im.dist_packed, static_cast<size_t>(total) * 4,
                                              cudaMemcpyDeviceToHost, im.stream),
