@@ -229,7 +229,7 @@ Status RemoteLlmRunner::RegisterAll(bool first) {
   } else if (blocks < kv_blocks_ || block_size != kv_block_size_) {
     return FailedPreconditionError("LLM group: a worker came back with a smaller KV capacity");
   }
-  bool dists = options_.tp_size == 1;
+  bool dists = true;
   for (size_t i = 0; i < workers_.size(); ++i) {
     workers_[i]->boot_id = infos[i].boot_id();
     epoch_ = std::max<uint64_t>(epoch_, infos[i].epoch());
@@ -457,7 +457,7 @@ Status RemoteLlmRunner::Pass(const ForwardBatch& batch, const KvCacheManager& kv
       }
       argmax_shares_[row].Combine(ArgmaxShare{r.argmax_values(static_cast<int>(row)), id});
     }
-    if (!batch.dist_rows.empty()) {  // one last-stage worker (returns_distributions)
+    if (!batch.dist_rows.empty() && workers_[i]->tp_rank == 0) {  // the ranks' rows are one
       const std::string& packed = r.dist_packed();
       Status got =
           r.dist_kept_size() == static_cast<int>(batch.dist_rows.size()) && packed.size() % 4 == 0

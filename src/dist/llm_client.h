@@ -80,9 +80,9 @@ class RemoteLlmRunner final : public ModelRunner {
                        std::span<int32_t> argmax, DistRows* dists = nullptr) override;
   // Sampled draws are not sent to the workers: sampled sequences without a tree get logits rows.
   bool draws_tokens() const override { return false; }
-  // Whether the last stage is one worker (TP 1) that computes distribution rows where its logits
-  // are (LlmWorkerInfo::returns_distributions: a GPU share); TP > 1 shares would have to combine
-  // their columns' distributions first, and sampled trees get logits rows.
+  // Whether the last stage's workers compute distribution rows where their logits are
+  // (LlmWorkerInfo::returns_distributions: GPU shares; with TP > 1 they all-gather those rows'
+  // columns first, and tp rank 0 answers them); else sampled trees get logits rows.
   bool returns_distributions() const override { return returns_dists_.load(); }
   Status MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,
                 std::span<const int32_t> dst) override;

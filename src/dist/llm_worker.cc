@@ -211,7 +211,7 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
         resp->add_argmax_values(a.value);
         resp->add_argmax_ids(a.id);
       }
-      if (!batch.dist_rows.empty()) {
+      if (!batch.dist_rows.empty() && options_.tp_rank == 0) {  // every rank has them whole
         std::vector<int32_t> kept;
         std::vector<uint32_t> words;
         dists.Pack(kept, words);

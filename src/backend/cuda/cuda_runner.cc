@@ -158,6 +158,10 @@ struct CudaModelRunner::Impl {
   // words at most; kernels/sampling.cuh DistRows).
   int32_t* dist_counts = nullptr;
   uint32_t* dist_packed = nullptr;
+  // TP > 1: the chunk's whole rows [L, vocab], gathered from the ranks' columns (dist_packed is
+  // the all-gather's landing buffer first), and every rank's columns.
+  float* dist_full = nullptr;
+  std::vector<ShardRange> vocab_cols;
   // The pass's distribution rows as they came back (by index in batch.dist_rows: pieces and
   // chunks take them in token order), before they are appended in order.
   std::vector<int32_t> dist_kept;
@@ -215,7 +219,8 @@ struct CudaModelRunner::Impl {
     return CudaStatus(cudaStreamSynchronize(stream), what);
   }
   // All-gathers `local` ([n, shares[tp_rank]]) into `full` ([n, sum(shares)]), token-major.
-  Status Gather(const float* local, int32_t n, std::span<const ShardRange> shares, float* full);
+  Status Gather(const float* local, int32_t n, std::span<const ShardRange> shares, float* full,
+                float* landing = nullptr);
   // A failed pass of a share: its peers must not wait for it.
   Status Fail(Status s) {
     if (group && !s.ok()) group->Abort(s);
@@ -519,10 +524,11 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   const int64_t amax_val_off = wsa.Add(4 * int64_t{logit_chunk});
   // Distribution rows: where this share holds the whole vocabulary (a TP rank's columns make no
   // distribution).
-  const bool dists = layout.tp_size == 1 && layout.stage + 1 == layout.num_stages;
+  const bool dists = layout.stage + 1 == layout.num_stages;
   const int64_t dist_count_off = dists ? wsa.Add(4 * int64_t{logit_chunk}) : -1;
-  const int64_t dist_packed_off =
-      dists ? wsa.Add(4 * int64_t{logit_chunk} * vocab_range.count) : -1;
+  const int64_t dist_packed_off = dists ? wsa.Add(4 * int64_t{logit_chunk} * c.vocab_size) : -1;
+  const int64_t dist_full_off =
+      dists && layout.tp_size > 1 ? wsa.Add(4 * int64_t{logit_chunk} * c.vocab_size) : -1;
   const int64_t qkv_off = kv_elem_bytes == 2 ? wsa.Add(2 * n * q_local) : -1;
   const bool tp = layout.tp_size > 1;
   const int64_t att_full_off = tp ? wsa.Add(4 * n * q_dim) : -1;
@@ -642,6 +648,9 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   argmax_values = f(amax_val_off);
   dist_counts = dist_count_off >= 0 ? reinterpret_cast<int32_t*>(f(dist_count_off)) : nullptr;
   dist_packed = dist_packed_off >= 0 ? reinterpret_cast<uint32_t*>(f(dist_packed_off)) : nullptr;
+  dist_full = dist_full_off >= 0 ? f(dist_full_off) : nullptr;
+  for (int32_t r = 0; r < layout.tp_size; ++r)
+    vocab_cols.push_back(SplitEvenly(c.vocab_size, layout.tp_size, r));
   q_kv = qkv_off >= 0 ? ws + qkv_off : nullptr;
   x16 = x16_off >= 0 ? ws + x16_off : nullptr;
   w16 = w16_off >= 0 ? reinterpret_cast<__half*>(ws + w16_off) : nullptr;
@@ -907,10 +916,18 @@ struct PieceOps {
                           cudaMemcpyDeviceToHost, im.stream),
           "logits download");
     if (r0 >= dist_first()) {
-      SI_RETURN_IF_ERROR(Check(kernels::LaunchDistRows(im.logits, m, static_cast<int32_t>(vocab),
-                                                       d_dist + (r0 - dist_first()), im.dist_counts,
-                                                       im.dist_packed, im.stream),
-                               "distribution rows"));
+      // A TP rank's columns make no distribution: the ranks gather their rows whole first.
+      float* rows = im.logits;
+      if (im.layout.tp_size > 1) {
+        SI_RETURN_IF_ERROR(im.Gather(im.logits, m, im.vocab_cols, im.dist_full,
+                                     reinterpret_cast<float*>(im.dist_packed)));
+        rows = im.dist_full;
+      }
+      const auto full_vocab = static_cast<int32_t>(c.vocab_size);
+      SI_RETURN_IF_ERROR(
+          Check(kernels::LaunchDistRows(rows, m, full_vocab, d_dist + (r0 - dist_first()),
+                                        im.dist_counts, im.dist_packed, im.stream),
+                "distribution rows"));
       return Check(cudaMemcpyAsync(dist_counts_host(), im.dist_counts, static_cast<size_t>(m) * 4,
                                    cudaMemcpyDeviceToHost, im.stream),
                    "distribution counts download");
@@ -959,7 +976,7 @@ struct PieceOps {
   // Distribution rows [r0, r0 + m), their counts on the host: their packed words (a second
   // download, of exactly what they keep, into the logits rows' staging) kept by row index.
   Status CollectDists(size_t r0, int32_t m) {
-    const auto vocab = static_cast<int32_t>(im.vocab_range.count);
+    const auto vocab = static_cast<int32_t>(c.vocab_size);
     const int32_t* counts = dist_counts_host();
     int64_t total = 0;
     for (int32_t i = 0; i < m; ++i) {
@@ -1010,13 +1027,15 @@ struct PieceOps {
 }  // namespace
 
 Status CudaModelRunner::Impl::Gather(const float* local, int32_t n,
-                                     std::span<const ShardRange> shares, float* full) {
+                                     std::span<const ShardRange> shares, float* full,
+                                     float* landing) {
+  if (landing == nullptr) landing = gathered;
   std::vector<size_t> counts;
   for (const ShardRange& s : shares) counts.push_back(static_cast<size_t>(n * s.count));
-  SI_RETURN_IF_ERROR(group->AllGather(local, gathered, counts, stream));
+  SI_RETURN_IF_ERROR(group->AllGather(local, landing, counts, stream));
   // [rank][n][share] -> [n][total]
   const int64_t total = shares.back().end();
-  const float* src = gathered;
+  const float* src = landing;
   for (const ShardRange& s : shares) {
     SI_RETURN_IF_ERROR(CudaStatus(
         cudaMemcpy2DAsync(full + s.begin, static_cast<size_t>(total) * 4, src,
@@ -1277,12 +1296,9 @@ Status CudaModelRunner::Impl::Run(const ForwardBatch& batch,
     return InvalidArgumentError("argmax buffer too small");
   if (sharded() && batch.has_draws())
     return InvalidArgumentError("a share of the model does not draw sampled tokens");
-  if (!batch.dist_rows.empty() && layout.stage + 1 == layout.num_stages &&
-      (layout.tp_size > 1 || dists == nullptr))
-    return InvalidArgumentError(layout.tp_size > 1
-                                    ? "a tensor-parallel share does not return distributions"
-                                    : "distribution rows need a DistRows to fill");
-  const int32_t vocab = static_cast<int32_t>(vocab_range.count);
+  if (!batch.dist_rows.empty() && layout.stage + 1 == layout.num_stages && dists == nullptr)
+    return InvalidArgumentError("distribution rows need a DistRows to fill");
+  const int32_t vocab = config().vocab_size;
   dist_kept.assign(batch.dist_rows.size(), -1);
   dist_words.resize(batch.dist_rows.size());
   const int32_t n = batch.size();

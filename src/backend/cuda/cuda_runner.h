@@ -154,7 +154,7 @@ class CudaModelRunner final : public ModelRunner {
                        std::span<int32_t> argmax, DistRows* dists = nullptr) override;
   // Sampled draws run on the device (kernels/sampling.cuh DrawTokens); not on a share.
   bool draws_tokens() const override;
-  // True but on a share (TP x PP: its columns alone do not make a distribution).
+  // True but on a share (ForwardArgmax is the whole model's; a share's are ForwardWithTables').
   bool returns_distributions() const override;
   // 2 with CUDA graphs (a shape is captured the second time it comes), else 0.
   int32_t warmup_passes() const override;
@@ -164,8 +164,9 @@ class CudaModelRunner final : public ModelRunner {
   // batch): tables[i] is that of batch.seqs[i]; they are checked against the KV storage. On the
   // last stage `argmax` ([argmax_rows]) receives each argmax row's largest logit over this
   // rank's columns and its (model-wide) token id, for the group's ranks' shares to combine; and
-  // where this share holds the whole vocabulary (TP 1), `dists` the distribution rows (required
-  // with them; refused with TP > 1; untouched before the last stage).
+  // `dists` the distribution rows (required with them on the last stage, untouched before it):
+  // with TP > 1 the last stage's ranks all-gather those rows' columns and each computes the
+  // whole distributions.
   Status ForwardWithTables(const ForwardBatch& batch,
                            std::span<const std::span<const int32_t>> tables,
                            std::span<float> logits, std::span<ArgmaxShare> argmax = {},

@@ -102,8 +102,6 @@ class CudaWorkerShard final : public WorkerShard {
   Status Forward(const ForwardBatch& batch, std::span<const std::span<const int32_t>> tables,
                  std::span<float> logits, std::span<ArgmaxShare> argmax, DistRows* dists) override {
     if (!joined_) return FailedPreconditionError("not in a group");
-    if (!batch.dist_rows.empty() && runner_->last_stage() && !returns_distributions())
-      return InvalidArgumentError("a tensor-parallel share does not return distribution rows");
     Status s = runner_->ForwardWithTables(batch, tables, logits, argmax, dists);
     if (!s.ok() && group_) {  // the runner has aborted the group: the peers fail too
       Leave();
@@ -116,9 +114,7 @@ class CudaWorkerShard final : public WorkerShard {
     return runner_->MoveKvWithTable(table, src, dst);
   }
   double TakeCollectiveSeconds() override { return 0.0; }
-  bool returns_distributions() const override {
-    return runner_->last_stage() && runner_->layout().tp_size == 1;
-  }
+  bool returns_distributions() const override { return runner_->last_stage(); }
 
  private:
   std::unique_ptr<CudaModelRunner> runner_;
