@@ -226,7 +226,8 @@ struct CudaModelRunner::Impl {
     if (group && !s.ok()) group->Abort(s);
     return s;
   }
-  // `dists` receives batch.dist_rows (required with them; a share refuses them).
+  // `dists` receives batch.dist_rows (required with them on the last stage; with TP > 1 the
+  // stage's ranks gather those rows' columns first).
   Status Run(const ForwardBatch& batch, std::span<const std::span<const int32_t>> tables,
              std::span<float> logits, std::span<ArgmaxShare> argmax, DistRows* dists = nullptr);
   Status SetGroup(std::shared_ptr<DeviceCollective> c) {
@@ -522,8 +523,8 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   const int64_t logits_off = wsa.Add(4 * int64_t{logit_chunk} * vocab_range.count);
   const int64_t amax_id_off = wsa.Add(4 * int64_t{logit_chunk});
   const int64_t amax_val_off = wsa.Add(4 * int64_t{logit_chunk});
-  // Distribution rows: where this share holds the whole vocabulary (a TP rank's columns make no
-  // distribution).
+  // Distribution rows, on the last stage: their counts and packed words, and with TP > 1 the
+  // gathered whole rows (a rank's columns make no distribution).
   const bool dists = layout.stage + 1 == layout.num_stages;
   const int64_t dist_count_off = dists ? wsa.Add(4 * int64_t{logit_chunk}) : -1;
   const int64_t dist_packed_off = dists ? wsa.Add(4 * int64_t{logit_chunk} * c.vocab_size) : -1;
@@ -714,6 +715,16 @@ Status CudaModelRunner::Impl::Matmul(const DeviceMatrix& w, const float* xin, in
 }
 
 namespace {
+
+// A TokenDraw as the kernels read it.
+kernels::TokenDraw ToKernel(const TokenDraw& d) {
+  kernels::TokenDraw k;
+  k.temperature = d.temperature;
+  k.top_k = d.top_k;
+  k.top_p = d.top_p;
+  k.u = d.u;
+  return k;
+}
 
 // Appends `count` values of T to a byte blob at a 16-byte aligned offset; returns the offset.
 template <typename T>
@@ -1128,25 +1139,12 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
     if (r < g0 || r >= g1) continue;
     lrows.push_back(r - g0);
     dist_index.push_back(static_cast<int32_t>(i));
-    const TokenDraw& d = batch.dist_settings[i];
-    kernels::TokenDraw k;
-    k.temperature = d.temperature;
-    k.top_k = d.top_k;
-    k.top_p = d.top_p;
-    dist_settings.push_back(k);
+    dist_settings.push_back(ToKernel(batch.dist_settings[i]));
   }
   // With sampled draws, every argmax row's rule (ForwardBatch::draws), for DrawTokens.
   std::vector<kernels::TokenDraw> draws;
   if (batch.has_draws()) {
-    for (int32_t i : argmax_index) {
-      const TokenDraw& d = batch.draws[static_cast<size_t>(i)];
-      kernels::TokenDraw k;
-      k.temperature = d.temperature;
-      k.top_k = d.top_k;
-      k.top_p = d.top_p;
-      k.u = d.u;
-      draws.push_back(k);
-    }
+    for (int32_t i : argmax_index) draws.push_back(ToKernel(batch.draws[static_cast<size_t>(i)]));
   }
 
   // The metadata, laid out so that every offset but the end depends only on the pass's shape
