@@ -32,6 +32,8 @@ constexpr int kMaxThreadsPerBlock = 1024;
 thread_local cudaError_t g_last_error = cudaSuccess;
 constexpr int kDevices = 8;
 thread_local int g_device = 0;
+// Whether this thread is running a host function (cudaLaunchHostFunc): it may not call CUDA.
+thread_local bool g_in_host_function = false;
 
 [[noreturn]] void Fatal(const std::string& what) {
   std::fprintf(stderr, "CUDA emulator: %s\n", what.c_str());
@@ -390,7 +392,9 @@ Stream* AsStream(cudaStream_t s) { return reinterpret_cast<Stream*>(s); }
 // capture forbids it: cudaStreamCaptureModeGlobal captures forbid it on every thread,
 // ThreadLocal ones on the thread that began them. Such a call fails and invalidates those
 // captures, as on a GPU.
+// A host function (cudaLaunchHostFunc) may not call CUDA at all: such calls fail too.
 bool ProhibitedByCapture() {
+  if (g_in_host_function) return true;
   std::lock_guard<std::mutex> lock(CaptureMutex());
   bool prohibited = false;
   for (Stream* s : Capturing()) {
@@ -408,6 +412,10 @@ bool ProhibitedByCapture() {
 // Runs `op` now, or records it when `stream` is capturing. Work for the legacy default stream
 // (0) while anything captures would synchronise with the capture: refused, as on a GPU.
 cudaError_t Issue(cudaStream_t stream, std::function<cudaError_t()> op) {
+  if (g_in_host_function) {
+    g_last_error = cudaErrorNotPermitted;
+    return cudaErrorNotPermitted;
+  }
   if (stream == nullptr) {
     bool any;
     {
@@ -746,6 +754,39 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   return Unsafe();
 }
 cudaError_t cudaDeviceSynchronize() { return Unsafe(); }
+
+// A host function runs on the issuing thread (streams are synchronous) or, captured, as a node
+// of the graph at every launch; while it runs, its thread's CUDA calls fail (on a GPU a host
+// function may not call CUDA either).
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
+  if (fn == nullptr) return Fail(cudaErrorInvalidValue);
+  return Issue(stream, [fn, user_data] {
+    specinfer::emu::g_in_host_function = true;
+    fn(user_data);
+    specinfer::emu::g_in_host_function = false;
+    return cudaSuccess;
+  });
+}
+
+// Device memory is host memory here: a cudaMalloc buffer (any address inside it) is device
+// memory that the host can address too (hostPointer == devicePointer, as managed memory on a
+// GPU); anything else is taken for host memory, which kernels here can address as well.
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr) {
+  if (attributes == nullptr || ptr == nullptr) return Fail(cudaErrorInvalidValue);
+  auto& m = Mem();
+  std::lock_guard<std::mutex> lock(m.mu);
+  auto* p = const_cast<void*>(ptr);
+  auto it = m.blocks.upper_bound(p);
+  const bool device =
+      it != m.blocks.begin() &&
+      static_cast<const uint8_t*>(ptr) <
+          static_cast<const uint8_t*>(std::prev(it)->first) + std::prev(it)->second.bytes;
+  attributes->type = device ? cudaMemoryTypeDevice : cudaMemoryTypeHost;
+  attributes->device = specinfer::emu::g_device;
+  attributes->devicePointer = p;
+  attributes->hostPointer = p;
+  return cudaSuccess;
+}
 
 // ---- stream capture and graphs -----------------------------------------------------------------
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {

@@ -255,3 +255,63 @@ TEST(CudaEmulator, GraphsReplayWhatACaptureRecorded) {
   cudaFreeHost(h);
   cudaFree(d);
 }
+
+namespace {
+
+// A host function's argument: it doubles *value, and records what a CUDA call from it returned.
+struct HostCall {
+  float* value = nullptr;
+  float* device = nullptr;
+  cudaError_t from_inside = cudaSuccess;
+};
+void DoubleOnHost(void* p) {
+  auto* call = static_cast<HostCall*>(p);
+  *call->value *= 2.0f;
+  call->from_inside = cudaMemsetAsync(call->device, 0, sizeof(float), nullptr);
+}
+
+}  // namespace
+
+// Host functions (cudaLaunchHostFunc) run in stream order, and captured they run at every launch
+// of the graph, after the nodes before them; CUDA calls from one fail, as on a GPU. Device
+// memory here reports a host pointer (it is host memory).
+TEST(CudaEmulator, HostFunctionsRunInStreamOrderAndInGraphs) {
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), 4 * sizeof(float)), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  float h = 1.0f;
+  HostCall call{&h, d};
+  ASSERT_EQ(cudaLaunchHostFunc(stream, DoubleOnHost, &call), cudaSuccess);
+  EXPECT_EQ(h, 2.0f);
+  EXPECT_EQ(call.from_inside, cudaErrorNotPermitted);
+  cudaGetLastError();
+
+  ASSERT_EQ(cudaMemcpyAsync(d, &h, sizeof(float), cudaMemcpyHostToDevice, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  SPECINFER_LAUNCH(1, 1, 0, stream, AddTo)(d, 1.0f);
+  ASSERT_EQ(cudaMemcpyAsync(&h, d, sizeof(float), cudaMemcpyDeviceToHost, stream), cudaSuccess);
+  ASSERT_EQ(cudaLaunchHostFunc(stream, DoubleOnHost, &call), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  EXPECT_EQ(h, 2.0f);  // nothing ran
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  EXPECT_EQ(h, 6.0f);  // (2 + 1) * 2
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  EXPECT_EQ(h, 8.0f);  // (3 + 1) * 2: the device value, not the host's
+  cudaGetLastError();
+
+  cudaPointerAttributes a{};
+  ASSERT_EQ(cudaPointerGetAttributes(&a, d + 3), cudaSuccess);
+  EXPECT_EQ(a.type, cudaMemoryTypeDevice);
+  EXPECT_EQ(a.hostPointer, static_cast<void*>(d + 3));
+  ASSERT_EQ(cudaPointerGetAttributes(&a, &h), cudaSuccess);
+  EXPECT_EQ(a.type, cudaMemoryTypeHost);
+
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  cudaFree(d);
+}
