@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <functional>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -191,6 +192,115 @@ TEST(ThreadCollective, RanksMeetByName) {
   // Nobody holds it now: the name starts a fresh group.
   EXPECT_TRUE(
       ThreadCollectiveGroup::JoinNamed("e5/test-group", CollectiveLayout{0, 1, 0, 2}, 1s).ok());
+}
+
+// Captures one graph of (all-gather, send or receive) on `stream`: the operations are recorded,
+// not run (nothing arrives while the graph is made).
+StatusOr<cudaGraphExec_t> CaptureStep(DeviceCollective& c, int32_t s, cudaStream_t stream,
+                                      const float* in, float* gathered, float* msg,
+                                      std::span<const size_t> counts) {
+  if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+    return InternalError("begin capture");
+  Status issued = c.AllGather(in, gathered, counts, stream);
+  if (issued.ok())
+    issued = s == 0 ? c.SendToNextStage(gathered, 8, stream) : c.RecvFromPrevStage(msg, 8, stream);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  SI_RETURN_IF_ERROR(issued);
+  if (ended != cudaSuccess) return InternalError("end capture");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (made != cudaSuccess) return InternalError("instantiate");
+  return exec;
+}
+
+// CUDA graphs: operations issued on a capturing stream are recorded and run at every launch of
+// the graph, on what the buffers hold then (here: an all-gather of uneven shares and a pipeline
+// message from stage 0's gathered values to stage 1, launched three times with new inputs); a
+// rank that aborts while its peers run their graphs fails them, and Synchronize says so, with no
+// hang. Where device memory is not host-addressable (a GPU's), the collective is not capturable.
+TEST(ThreadCollective, OperationsRecordedIntoGraphsRunAtEveryLaunch) {
+  if (!EnoughDevices(4)) GTEST_SKIP() << "needs 4 GPUs, found " << DeviceCount();
+  for (bool abort_third : {false, true}) {
+    auto group = ThreadCollectiveGroup::Create(2, 2, 60s);
+    ASSERT_TRUE(group.ok()) << group.status().ToString();
+    const std::vector<size_t> counts = {3, 5};
+    std::vector<std::vector<float>> gathered(4), received(4);
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto results = RunRanks(
+        **group, 2, 2,
+        [&](int32_t s, int32_t r, DeviceCollective& c, cudaStream_t stream) -> Status {
+          if (!c.capturable()) return UnimplementedError("not capturable here");
+          const size_t me = static_cast<size_t>(s * 2 + r);
+          testing::DeviceArray<float> in(counts[static_cast<size_t>(r)]), out(8), msg(8);
+          SI_ASSIGN_OR_RETURN(cudaGraphExec_t exec,
+                              CaptureStep(c, s, stream, in.get(), out.get(), msg.get(), counts));
+          Status status;
+          for (int round = 0; round < 3 && status.ok(); ++round) {
+            if (abort_third && round == 2 && me == 3) {
+              std::this_thread::sleep_for(50ms);  // the peers are in their graphs by now
+              c.Abort(InternalError("injected"));
+              status = InternalError("injected");
+              break;
+            }
+            std::vector<float> mine(counts[static_cast<size_t>(r)]);
+            for (size_t i = 0; i < mine.size(); ++i)
+              mine[i] = 1000.0f * round + 100.0f * s + 10.0f * r + static_cast<float>(i);
+            // Into the buffer the graph was recorded with (Upload would allocate another).
+            if (cudaMemcpy(in.get(), mine.data(), mine.size() * sizeof(float),
+                           cudaMemcpyHostToDevice) != cudaSuccess ||
+                cudaGraphLaunch(exec, stream) != cudaSuccess)
+              status = InternalError("upload or launch");
+            if (status.ok()) status = c.Synchronize(stream);
+            if (status.ok()) {
+              const std::vector<float> g = out.Download(), m = msg.Download();
+              gathered[me].insert(gathered[me].end(), g.begin(), g.end());
+              if (s == 1) received[me].insert(received[me].end(), m.begin(), m.end());
+            }
+          }
+          cudaGraphExecDestroy(exec);
+          return status;
+        });
+    if (results[0].code() == StatusCode::kUnimplemented)
+      GTEST_SKIP() << "device memory is not host-addressable here: the in-process collective is "
+                      "not capturable (NCCL's is)";
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);
+    const size_t rounds = abort_third ? 2 : 3;
+    for (int32_t s = 0; s < 2; ++s)
+      for (int32_t r = 0; r < 2; ++r) {
+        const size_t me = static_cast<size_t>(s * 2 + r);
+        std::vector<float> want, want_msg;
+        for (size_t round = 0; round < rounds; ++round) {
+          const float b = 1000.0f * round + 100.0f * s;
+          const std::vector<float> g = {b, b + 1, b + 2, b + 10, b + 11, b + 12, b + 13, b + 14};
+          want.insert(want.end(), g.begin(), g.end());
+          const float b0 = 1000.0f * round;  // stage 0 of the same tp rank sent its gather
+          const std::vector<float> m = {b0,      b0 + 1,  b0 + 2,  b0 + 10,
+                                        b0 + 11, b0 + 12, b0 + 13, b0 + 14};
+          want_msg.insert(want_msg.end(), m.begin(), m.end());
+        }
+        if (abort_third) {
+          // Rank 2 waits for rank 3 in its graph's all-gather: aborted. Stage 0 does not wait for
+          // stage 1 (sends are buffered): its third round may finish before the abort.
+          if (me == 2) {
+            EXPECT_EQ(results[me].code(), StatusCode::kAborted) << results[me].ToString();
+            EXPECT_NE(results[me].message().find("injected"), std::string::npos);
+          } else if (me < 2) {
+            EXPECT_TRUE(results[me].ok() || results[me].code() == StatusCode::kAborted)
+                << results[me].ToString();
+          }
+          // What completed before the abort is right.
+          EXPECT_GE(gathered[me].size(), 16u) << "rank " << me;
+          gathered[me].resize(std::min<size_t>(gathered[me].size(), 16));
+          if (s == 1) received[me].resize(std::min<size_t>(received[me].size(), 16));
+        } else {
+          EXPECT_TRUE(results[me].ok()) << "rank " << me << ": " << results[me].ToString();
+        }
+        EXPECT_EQ(gathered[me], want) << "stage " << s << " rank " << r;
+        if (s == 1) EXPECT_EQ(received[me], want_msg) << "stage " << s << " rank " << r;
+      }
+  }
 }
 
 TEST(ThreadCollective, RefusesBadLayouts) {

@@ -11,6 +11,11 @@
 //     that work is done) and work enqueued after it sees its output. Whether it has finished when
 //     the call returns is up to the implementation: call Synchronize before reading on the host.
 //   - Every rank of the group makes the same sequence of calls with the same counts.
+//   - CUDA graphs: where capturable(), an operation issued while `stream` captures a graph is
+//     recorded into it instead of run; it runs at every launch of the graph, in its place there,
+//     on the buffers it was recorded with, and its errors show at the next Synchronize. As with
+//     NCCL, whether an operation is captured must be the same on every rank that takes part in
+//     it (a graph launch is a collective call of those ranks).
 //   - Waits are bounded: a peer that fails, calls Abort or never arrives turns into an error
 //     Status (Aborted, or DeadlineExceeded after the group's timeout) on the others, never a
 //     hang. After any error the group is unusable (its peers' progress is unknown): destroy it
@@ -43,6 +48,10 @@ class DeviceCollective {
   // Pipeline: `count` floats to the same tp rank of the next stage / from the previous one.
   virtual Status SendToNextStage(const float* data, size_t count, CUstream_st* stream) = 0;
   virtual Status RecvFromPrevStage(float* data, size_t count, CUstream_st* stream) = 0;
+
+  // Whether operations can be recorded into a CUDA graph (see the contract above). Called
+  // outside any capture (an implementation may probe the device).
+  virtual bool capturable() = 0;
 
   // Waits until everything enqueued on `stream` (these collectives included) has run, at most
   // the group's timeout.

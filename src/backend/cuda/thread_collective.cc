@@ -3,12 +3,15 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstring>
 #include <condition_variable>
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cuda/device_buffer.h"
@@ -84,25 +87,12 @@ class ThreadRank final : public DeviceCollective {
 
   Status AllGather(const float* in, float* out, std::span<const size_t> counts,
                    CUstream_st* stream) override {
-    const int32_t me = layout_.tp_rank, stage = layout_.stage;
     if (counts.size() != static_cast<size_t>(layout_.tp_size))
       return Fail(InternalError("all-gather: one count per TP rank"));
+    SI_ASSIGN_OR_RETURN(const bool capturing, Capturing(stream));
+    if (capturing) return Record({Op::kAllGather, in, out, {counts.begin(), counts.end()}}, stream);
     SI_RETURN_IF_ERROR(Local(cudaStreamSynchronize(stream), "all-gather input"));
-    std::vector<const float*> in_ptrs;
-    {
-      std::unique_lock<std::mutex> lock(s_->mu);
-      State::TpGroup& g = s_->tp[static_cast<size_t>(stage)];
-      g.in[static_cast<size_t>(me)] = in;
-      g.counts[static_cast<size_t>(me)].assign(counts.begin(), counts.end());
-      SI_RETURN_IF_ERROR(s_->Barrier(lock, stage, "all-gather"));
-      // Every rank compares all views, so all of them see a mismatch and none copies.
-      for (size_t r = 0; r < counts.size(); ++r)
-        if (!std::equal(counts.begin(), counts.end(), g.counts[r].begin(), g.counts[r].end()))
-          return FailLocked(lock,
-                            InternalError("all-gather: TP ranks " + std::to_string(me) + " and " +
-                                          std::to_string(r) + " disagree on the counts"));
-      in_ptrs = g.in;
-    }
+    SI_ASSIGN_OR_RETURN(const std::vector<const float*> in_ptrs, MeetForAllGather(in, counts));
     size_t off = 0;
     for (size_t r = 0; r < counts.size(); ++r) {
       SI_RETURN_IF_ERROR(Local(cudaMemcpyAsync(out + off, in_ptrs[r], counts[r] * sizeof(float),
@@ -111,45 +101,43 @@ class ThreadRank final : public DeviceCollective {
       off += counts[r];
     }
     SI_RETURN_IF_ERROR(Local(cudaStreamSynchronize(stream), "all-gather copy"));
-    // Nobody may overwrite its input before every peer has copied it.
-    std::unique_lock<std::mutex> lock(s_->mu);
-    return s_->Barrier(lock, stage, "all-gather");
+    return LeaveAllGather();
   }
 
   Status SendToNextStage(const float* data, size_t count, CUstream_st* stream) override {
     if (layout_.stage + 1 >= layout_.num_stages)
       return Fail(InternalError("send from the last pipeline stage"));
+    SI_ASSIGN_OR_RETURN(const bool capturing, Capturing(stream));
+    if (capturing) return Record({Op::kSend, data, nullptr, {count}}, stream);
     std::vector<float> msg(count);
     SI_RETURN_IF_ERROR(Local(cudaStreamSynchronize(stream), "pipeline send"));
     SI_RETURN_IF_ERROR(Local(cudaMemcpy(msg.data(), data, count * sizeof(float), cudaMemcpyDefault),
                              "pipeline send"));
-    {
-      std::lock_guard<std::mutex> lock(s_->mu);
-      if (!s_->failed.ok()) return s_->failed;
-      s_->to[Index(layout_.stage + 1)].push_back(std::move(msg));
-    }
-    s_->cv.notify_all();
-    return Status::Ok();
+    return PostMessage(std::move(msg));
   }
 
   Status RecvFromPrevStage(float* data, size_t count, CUstream_st* stream) override {
     if (layout_.stage == 0) return Fail(InternalError("receive on the first pipeline stage"));
-    std::vector<float> msg;
-    {
-      std::unique_lock<std::mutex> lock(s_->mu);
-      auto& inbox = s_->to[Index(layout_.stage)];
-      SI_RETURN_IF_ERROR(s_->WaitLocked(lock, "pipeline receive", [&] { return !inbox.empty(); }));
-      msg = std::move(inbox.front());
-      inbox.pop_front();
-      if (msg.size() != count)
-        return FailLocked(lock,
-                          InternalError("pipeline receive: " + std::to_string(msg.size()) +
-                                        " floats arrived, " + std::to_string(count) + " expected"));
-    }
+    SI_ASSIGN_OR_RETURN(const bool capturing, Capturing(stream));
+    if (capturing) return Record({Op::kRecv, nullptr, data, {count}}, stream);
+    SI_ASSIGN_OR_RETURN(const std::vector<float> msg, TakeMessage(count));
     SI_RETURN_IF_ERROR(
         Local(cudaMemcpyAsync(data, msg.data(), count * sizeof(float), cudaMemcpyDefault, stream),
               "pipeline receive"));
     return Local(cudaStreamSynchronize(stream), "pipeline receive");  // before msg is freed
+  }
+
+  // Recorded operations are host functions that copy with memcpy, so they need device memory
+  // the host can address: the emulator's (host memory), not a GPU's cudaMalloc memory (a host
+  // function may not call CUDA to copy it). Probed once, with a small allocation.
+  bool capturable() override {
+    if (!capturable_.has_value()) {
+      void* probe = nullptr;
+      capturable_ = cudaMalloc(&probe, 256) == cudaSuccess && HostAddressable(probe);
+      if (probe != nullptr) cudaFree(probe);
+      cudaGetLastError();
+    }
+    return *capturable_;
   }
 
   Status Synchronize(CUstream_st* stream) override {
@@ -164,6 +152,126 @@ class ThreadRank final : public DeviceCollective {
   }
 
  private:
+  // An operation recorded into a CUDA graph: what it was called with (sizes: the all-gather's
+  // counts, or the message's length).
+  struct Op {
+    enum Kind { kAllGather, kSend, kRecv } kind;
+    const float* in = nullptr;
+    float* out = nullptr;
+    std::vector<size_t> sizes;
+    auto Key() const { return std::tie(kind, in, out, sizes); }
+    bool operator<(const Op& o) const { return Key() < o.Key(); }
+  };
+  struct Recorded {
+    ThreadRank* rank;
+    Op op;
+  };
+
+  static bool HostAddressable(const void* p) {
+    cudaPointerAttributes a{};
+    const bool ok = cudaPointerGetAttributes(&a, p) == cudaSuccess && a.hostPointer == p;
+    cudaGetLastError();
+    return ok;
+  }
+
+  // Whether `stream` is capturing a graph.
+  StatusOr<bool> Capturing(CUstream_st* stream) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    SI_RETURN_IF_ERROR(Local(cudaStreamIsCapturing(stream, &status), "capture status"));
+    return status != cudaStreamCaptureStatusNone;
+  }
+
+  // Records `op` as a host function on the capturing stream; an error if its buffers are not
+  // host-addressable (see capturable()). One record per distinct call (a graph captured again
+  // for the same buffers and sizes reuses it): they live as long as this rank, which outlives
+  // the graphs that hold them (a runner drops its graphs before it lets go of its group).
+  Status Record(Op op, CUstream_st* stream) {
+    for (const void* b : {static_cast<const void*>(op.in), static_cast<const void*>(op.out)})
+      if (b != nullptr && !HostAddressable(b))
+        return Fail(UnimplementedError(
+            "the in-process collective cannot be captured into a CUDA graph here (device memory "
+            "the host cannot address); NCCL can"));
+    auto [it, added] = recorded_.try_emplace(op, nullptr);
+    if (added) it->second.reset(new Recorded{this, std::move(op)});
+    return Local(cudaLaunchHostFunc(stream, &ThreadRank::RunRecorded, it->second.get()),
+                 "recording a collective");
+  }
+
+  // A recorded operation, run by a graph launch once the stream's earlier work is done. It may
+  // not call CUDA: copies are memcpy (capturable() made sure the host addresses these buffers).
+  // Its errors fail the group (Synchronize returns them); the graph's later work runs on
+  // whatever the buffers hold, and the pass's result is not used.
+  static void RunRecorded(void* p) {
+    auto* r = static_cast<Recorded*>(p);
+    ThreadRank& self = *r->rank;
+    const Op& op = r->op;
+    switch (op.kind) {
+      case Op::kAllGather: {
+        StatusOr<std::vector<const float*>> in = self.MeetForAllGather(op.in, op.sizes);
+        if (!in.ok()) return;
+        size_t off = 0;
+        for (size_t i = 0; i < op.sizes.size(); ++i) {
+          std::memcpy(op.out + off, (*in)[i], op.sizes[i] * sizeof(float));
+          off += op.sizes[i];
+        }
+        (void)self.LeaveAllGather();
+        return;
+      }
+      case Op::kSend:
+        (void)self.PostMessage(std::vector<float>(op.in, op.in + op.sizes[0]));
+        return;
+      case Op::kRecv: {
+        StatusOr<std::vector<float>> msg = self.TakeMessage(op.sizes[0]);
+        if (msg.ok()) std::memcpy(op.out, msg->data(), msg->size() * sizeof(float));
+        return;
+      }
+    }
+  }
+
+  // Posts this rank's all-gather input and meets the stage's TP ranks: every rank's input.
+  StatusOr<std::vector<const float*>> MeetForAllGather(const float* in,
+                                                        std::span<const size_t> counts) {
+    const int32_t me = layout_.tp_rank, stage = layout_.stage;
+    std::unique_lock<std::mutex> lock(s_->mu);
+    State::TpGroup& g = s_->tp[static_cast<size_t>(stage)];
+    g.in[static_cast<size_t>(me)] = in;
+    g.counts[static_cast<size_t>(me)].assign(counts.begin(), counts.end());
+    SI_RETURN_IF_ERROR(s_->Barrier(lock, stage, "all-gather"));
+    // Every rank compares all views, so all of them see a mismatch and none copies.
+    for (size_t r = 0; r < counts.size(); ++r)
+      if (!std::equal(counts.begin(), counts.end(), g.counts[r].begin(), g.counts[r].end()))
+        return FailLocked(lock, InternalError("all-gather: TP ranks " + std::to_string(me) +
+                                              " and " + std::to_string(r) +
+                                              " disagree on the counts"));
+    return g.in;
+  }
+  // After this rank's copies: nobody may overwrite its input before every peer has copied it.
+  Status LeaveAllGather() {
+    std::unique_lock<std::mutex> lock(s_->mu);
+    return s_->Barrier(lock, layout_.stage, "all-gather");
+  }
+  Status PostMessage(std::vector<float> msg) {
+    {
+      std::lock_guard<std::mutex> lock(s_->mu);
+      if (!s_->failed.ok()) return s_->failed;
+      s_->to[Index(layout_.stage + 1)].push_back(std::move(msg));
+    }
+    s_->cv.notify_all();
+    return Status::Ok();
+  }
+  StatusOr<std::vector<float>> TakeMessage(size_t count) {
+    std::unique_lock<std::mutex> lock(s_->mu);
+    auto& inbox = s_->to[Index(layout_.stage)];
+    SI_RETURN_IF_ERROR(s_->WaitLocked(lock, "pipeline receive", [&] { return !inbox.empty(); }));
+    std::vector<float> msg = std::move(inbox.front());
+    inbox.pop_front();
+    if (msg.size() != count)
+      return FailLocked(lock, InternalError("pipeline receive: " + std::to_string(msg.size()) +
+                                            " floats arrived, " + std::to_string(count) +
+                                            " expected"));
+    return msg;
+  }
+
   size_t Index(int32_t stage) const {
     return static_cast<size_t>(stage) * layout_.tp_size + layout_.tp_rank;
   }
@@ -184,6 +292,8 @@ class ThreadRank final : public DeviceCollective {
 
   std::shared_ptr<State> s_;
   CollectiveLayout layout_;
+  std::optional<bool> capturable_;
+  std::map<Op, std::unique_ptr<Recorded>> recorded_;
 };
 
 }  // namespace

@@ -12,6 +12,11 @@
 //     RecvFromPrevStage takes the oldest message of its queue (so a sender never waits for its
 //     receiver, as with NCCL's buffered sends of small messages).
 // Operations return when their copies are done (Synchronize has nothing left to wait for).
+// CUDA graphs: on a capturing stream an operation is recorded as a host function
+// (cudaLaunchHostFunc) that does the same at every launch of the graph, copying with memcpy,
+// since a host function may not call CUDA; so it is capturable() only where the host addresses
+// device memory (the emulator: there a TP x PP share's passes run from graphs as they would over
+// NCCL), not on a GPU's cudaMalloc memory (graphs stay off there; NCCL captures natively).
 // Failures: every wait is bounded by the group's timeout; a timeout or an Abort fails the WHOLE
 // group, so every rank's next (or current) wait returns that error at once.
 //

@@ -56,6 +56,10 @@ class NcclCollective final : public DeviceCollective {
                    CUstream_st* stream) override;
   Status SendToNextStage(const float* data, size_t count, CUstream_st* stream) override;
   Status RecvFromPrevStage(float* data, size_t count, CUstream_st* stream) override;
+  // NCCL (2.9 and later) records its collectives and point-to-point calls into CUDA graphs; the
+  // runner's cudaStreamCaptureModeThreadLocal is the mode NCCL asks for when a capture holds
+  // ncclSend/ncclRecv or a process has several threads on GPUs.
+  bool capturable() override { return true; }
   Status Synchronize(CUstream_st* stream) override;
   void Abort(const Status& why) override;
 
