@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <latch>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -515,6 +516,189 @@ TEST(CudaShardRunner, MissingRankTimesOut) {
     const StatusCode code = ranks[i].status.code();
     EXPECT_TRUE(code == StatusCode::kDeadlineExceeded || code == StatusCode::kAborted)
         << "rank " << i << ": " << ranks[i].status.ToString();
+  }
+}
+
+// What a runner gave for each step of GraphWorkload: the logits columns it wrote and its argmax
+// shares (last stage), and its graph counters at the end.
+struct WorkloadRun {
+  Status status;
+  std::vector<std::vector<float>> logits;
+  std::vector<std::vector<ArgmaxShare>> argmax;
+  cuda::CudaGraphStats stats;
+  ShardRange vocab;
+  bool last_stage = false;
+  int32_t reformed = 0;  // times it took a new group
+};
+
+// A workload whose pass shapes repeat, so that graphs are captured and replayed: two prompts
+// (not batch-invariant: eager), then `steps` batch-invariant passes: both sequences decode,
+// every third step a 4-node token tree of the first beside a decode of the second, and odd
+// steps want one logits row and one argmax row. At step `abort_at`, once every rank is there
+// (`ready`), the rank where `aborts` is true fails its group instead of running the pass (a
+// worker whose pass failed); the others' passes of that step fail or (stage 0, whose sends do
+// not wait) may have finished; then each takes the group `next()` gives it (the manager
+// re-forming the group) and runs the step again.
+void GraphWorkload(CudaModelRunner& r, int32_t vocab, int32_t steps, WorkloadRun& out,
+                   int32_t abort_at = -1, bool aborts = false,
+                   const std::function<std::shared_ptr<cuda::DeviceCollective>()>& next = {},
+                   cuda::DeviceCollective* group = nullptr, std::latch* ready = nullptr) {
+  KvCacheManager kv(kBlocks, 16);
+  out.vocab = r.vocab();
+  out.last_stage = r.last_stage();
+  const int32_t cols = static_cast<int32_t>(r.vocab().count);
+  auto pass = [&](const ForwardBatch& b, bool keep) -> Status {
+    std::vector<std::span<const int32_t>> tables;
+    for (const BatchSequence& s : b.seqs) tables.push_back(kv.BlockTable(s.seq));
+    std::vector<float> logits(b.logit_rows.size() * static_cast<size_t>(cols));
+    std::vector<ArgmaxShare> argmax(b.argmax_rows.size());
+    SI_RETURN_IF_ERROR(r.ForwardWithTables(b, tables, logits, argmax));
+    if (keep) {
+      out.logits.push_back(std::move(logits));
+      out.argmax.push_back(std::move(argmax));
+    }
+    return Status::Ok();
+  };
+  const SeqId a = kv.AddSequence(), b = kv.AddSequence();
+  std::vector<int32_t> len = {13, 30};
+  uint32_t seed = 50;
+  for (SeqId s : {a, b}) {
+    const int32_t n = len[static_cast<size_t>(s == a ? 0 : 1)];
+    out.status = kv.Reserve(s, n);
+    ForwardBatch pb;
+    pb.AddSequence(s, SomeTokens(n, vocab, seed++), Range(0, n), 0, nullptr);
+    pb.batch_invariant = false;
+    if (out.status.ok()) out.status = pass(pb, false);
+    if (!out.status.ok()) return;
+  }
+  const TreeMask mask = TreeMask::FromParents(std::vector<int32_t>{-1, 0, 0, 1});
+  for (int32_t t = 0; t < steps; ++t) {
+    const bool tree = t % 3 == 2;
+    ForwardBatch db;
+    for (size_t i = 0; i < 2; ++i) {
+      const SeqId s = i == 0 ? a : b;
+      const int32_t n = tree && i == 0 ? 4 : 1;
+      out.status = kv.Reserve(s, len[i] + n);
+      if (!out.status.ok()) return;
+      const std::vector<int32_t> pos =
+          n == 4 ? std::vector<int32_t>{len[i], len[i] + 1, len[i] + 1, len[i] + 2}
+                 : std::vector<int32_t>{len[i]};
+      db.AddSequence(s, SomeTokens(n, vocab, seed++), pos, len[i], n == 4 ? &mask : nullptr);
+    }
+    if (t % 2 == 1) {
+      db.logit_rows = {0};
+      for (int32_t row = 1; row < db.size(); ++row) db.argmax_rows.push_back(row);
+    } else {
+      db.logit_rows = Range(0, db.size());
+    }
+    if (t == abort_at) {
+      ready->arrive_and_wait();
+      if (aborts) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the peers are in the pass
+        group->Abort(InternalError("injected failure"));
+      } else {
+        const Status failed = pass(db, false);
+        if (!failed.ok() && failed.code() != StatusCode::kAborted) {
+          out.status = InternalError("a peer's failure gave " + failed.ToString());
+          return;
+        }
+      }
+      ++out.reformed;
+      out.status = r.SetCollective(next());
+      if (!out.status.ok()) return;
+    }
+    out.status = pass(db, true);
+    if (!out.status.ok()) return;
+    if (tree) kv.Truncate(a, len[0] + 1);  // keep the root: it was this step's token
+    ++len[0];
+    ++len[1];
+  }
+  out.stats = r.graph_stats();
+}
+
+// TP x PP shares replay CUDA graphs that hold their collectives: over 20 decode and tree steps
+// (four shapes, captured the second time each comes) a 2 x 2 group's logits columns are the
+// whole-model GPU runner's bit for bit and its argmax shares combine to the same tokens; every
+// rank captured and replayed the same passes (a group must agree on that). A rank fails its
+// group during a replayed step: the peers' passes end (no hang), the group is re-formed, the
+// step runs again, graphs are captured anew for the new group, and the results are still the
+// whole model's.
+TEST(CudaShardRunner, Tp2Pp2SharesReplayGraphsThatHoldTheirCollectives) {
+  if (!EnoughDevices(4)) GTEST_SKIP() << "needs 4 GPUs, found " << cuda::DeviceCount();
+  auto model = RandomGqa();
+  ASSERT_TRUE(model);
+  const int32_t vocab = model->config().vocab_size;
+  // Step 6 is the third decode step with logits rows: replayed from a graph (captured at step 4).
+  const int32_t steps = 20, abort_at = 6;
+
+  CudaRunnerOptions whole_o;
+  whole_o.num_kv_blocks = kBlocks;
+  auto whole = CudaModelRunner::Create(model, whole_o);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  WorkloadRun want;
+  GraphWorkload(**whole, vocab, steps, want);
+  ASSERT_TRUE(want.status.ok()) << want.status.ToString();
+
+  auto first = cuda::ThreadCollectiveGroup::Create(2, 2, 60s);
+  auto second = cuda::ThreadCollectiveGroup::Create(2, 2, 60s);
+  ASSERT_TRUE(first.ok() && second.ok());
+  std::vector<WorkloadRun> ranks(4);
+  std::latch ready(4);
+  std::vector<std::thread> threads;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int32_t st = 0; st < 2; ++st)
+    for (int32_t tp = 0; tp < 2; ++tp)
+      threads.emplace_back([&, st, tp] {
+        WorkloadRun& res = ranks[static_cast<size_t>(st * 2 + tp)];
+        std::shared_ptr<cuda::DeviceCollective> coll = std::move((*first)->Rank(st, tp)).value();
+        CudaRunnerOptions o;
+        o.device = st * 2 + tp;
+        o.num_kv_blocks = kBlocks;
+        o.layout = coll->layout();
+        o.collective = coll;
+        auto runner = CudaModelRunner::Create(model, o);
+        if (!runner.ok()) {
+          res.status = runner.status();
+          (*first)->Abort(res.status);
+          return;
+        }
+        GraphWorkload(**runner, vocab, steps, res, abort_at, st == 1 && tp == 1,
+                      [&] { return std::move((*second)->Rank(st, tp)).value(); }, coll.get(),
+                      &ready);
+      });
+  for (std::thread& t : threads) t.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 300s);
+
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    ASSERT_TRUE(ranks[i].status.ok()) << "rank " << i << ": " << ranks[i].status.ToString();
+    EXPECT_EQ(ranks[i].reformed, 1) << "rank " << i;
+    const cuda::CudaGraphStats& g = ranks[i].stats;
+    const cuda::CudaGraphStats& g0 = ranks[0].stats;
+    EXPECT_FALSE(g.disabled) << "rank " << i;
+    EXPECT_GE(g.captured, 4) << "rank " << i;  // two shapes, in each group
+    EXPECT_GE(g.replayed, 4) << "rank " << i;
+    EXPECT_EQ(g.captured, g0.captured) << "rank " << i;
+    // Rank 3 failed the group instead of replaying step 6; the others replayed it.
+    EXPECT_EQ(g.replayed + (i == 3 ? 1 : 0), g0.replayed) << "rank " << i;
+    EXPECT_EQ(g.eager, g0.eager) << "rank " << i;
+  }
+  for (int32_t t = 0; t < steps; ++t) {
+    std::vector<float> full;
+    std::vector<ArgmaxShare> best(want.argmax[static_cast<size_t>(t)].size());
+    const size_t rows = want.logits[static_cast<size_t>(t)].size() / static_cast<size_t>(vocab);
+    full.assign(rows * static_cast<size_t>(vocab), NAN);
+    for (const WorkloadRun& r : ranks) {
+      if (!r.last_stage) continue;
+      const std::vector<float>& mine = r.logits[static_cast<size_t>(t)];
+      for (size_t row = 0; row < rows; ++row)
+        std::memcpy(&full[row * vocab + r.vocab.begin], &mine[row * r.vocab.count],
+                    static_cast<size_t>(r.vocab.count) * sizeof(float));
+      for (size_t i = 0; i < best.size(); ++i) best[i].Combine(r.argmax[static_cast<size_t>(t)][i]);
+    }
+    EXPECT_ALL_CLOSE(full, want.logits[static_cast<size_t>(t)], 0.0, 0.0,
+                     "graph-replayed TP 2 x PP 2 vs one GPU, step " + std::to_string(t));
+    for (size_t i = 0; i < best.size(); ++i)
+      EXPECT_EQ(best[i].id, want.argmax[static_cast<size_t>(t)][i].id) << "step " << t;
   }
 }
 

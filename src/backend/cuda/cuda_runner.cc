@@ -230,6 +230,10 @@ struct CudaModelRunner::Impl {
   // stage's ranks gather those rows' columns first).
   Status Run(const ForwardBatch& batch, std::span<const std::span<const int32_t>> tables,
              std::span<float> logits, std::span<ArgmaxShare> argmax, DistRows* dists = nullptr);
+  // A share's graphs hold its group's operations, and whether a pass is captured must be the
+  // same on every rank of the group: a new group (or none) drops them and returns graphs to
+  // their configured state (a capture that failed under the old group turned them off on this
+  // rank only), so that every rank starts the new group alike.
   Status SetGroup(std::shared_ptr<DeviceCollective> c) {
     if (c) {
       const CollectiveLayout& g = c->layout();
@@ -237,8 +241,26 @@ struct CudaModelRunner::Impl {
           g.tp_rank != layout.tp_rank || g.tp_size != layout.tp_size)
         return InvalidArgumentError("the collective's layout differs from the runner's");
     }
+    if (sharded()) {
+      DropGraphs();
+      graph_stats.disabled = false;
+    }
     group = sharded() ? std::move(c) : nullptr;
     return Status::Ok();
+  }
+  // Whether passes may be captured into graphs (those of a share only where its group's
+  // operations can be captured: NCCL's, or the in-process collective on the emulator).
+  bool GraphsAllowed() const {
+    return !sharded() || (group != nullptr && group->capturable());
+  }
+  // Grows the pass metadata (device and pinned staging) to at least `bytes`. Graphs hold its
+  // addresses, so growing it drops them; it grows at the same passes on every rank of a group
+  // (the sizes depend on the batch alone), so their graphs stay alike.
+  Status ReserveMeta(int64_t bytes, const char* what) {
+    if (bytes <= meta.bytes() && bytes <= meta_host.bytes()) return Status::Ok();
+    DropGraphs();
+    SI_RETURN_IF_ERROR(meta_host.Reserve(bytes, what));
+    return meta.Reserve(bytes, what);
   }
   Status Move(std::span<const int32_t> table, std::span<const int32_t> src,
               std::span<const int32_t> dst);
@@ -251,8 +273,11 @@ struct CudaModelRunner::Impl {
                   std::span<ArgmaxShare> argmax_out);
   // The graph of pass shape `key`: cached; captured from `program` (which then issues its work
   // into the graph instead of running it) the second time the shape comes; null the first time,
-  // or when graphs are off or a capture failed (graphs are then turned off): run it eagerly.
-  cudaGraphExec_t GraphFor(const std::vector<int64_t>& key, const std::function<Status()>& program);
+  // or when graphs are off or a capture failed (graphs are then turned off): run it eagerly. A
+  // share's failed capture is an error instead (its peers captured the pass: running it
+  // eagerly here would not meet their graphs), which fails the pass and so the group.
+  StatusOr<cudaGraphExec_t> GraphFor(const std::vector<int64_t>& key,
+                                     const std::function<Status()>& program);
   void DisableGraphs(const std::string& why);
   // Destroys the graphs held and forgets the shapes seen.
   void DropGraphs() {
@@ -269,8 +294,8 @@ void CudaModelRunner::Impl::DisableGraphs(const std::string& why) {
   cudaGetLastError();  // a failed capture's error is not the next pass's
 }
 
-cudaGraphExec_t CudaModelRunner::Impl::GraphFor(const std::vector<int64_t>& key,
-                                                const std::function<Status()>& program) {
+StatusOr<cudaGraphExec_t> CudaModelRunner::Impl::GraphFor(const std::vector<int64_t>& key,
+                                                          const std::function<Status()>& program) {
   if (!opt.cuda_graphs || graph_stats.disabled || opt.max_graphs <= 0) return nullptr;
   ++graph_clock;
   if (auto it = graphs.find(key); it != graphs.end()) {
@@ -285,7 +310,9 @@ cudaGraphExec_t CudaModelRunner::Impl::GraphFor(const std::vector<int64_t>& key,
 
   if (cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
       e != cudaSuccess) {
-    DisableGraphs(std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(e));
+    const std::string why = std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(e);
+    DisableGraphs(why);
+    if (sharded()) return InternalError("CUDA graph capture failed on a share: " + why);
     return nullptr;
   }
   const Status issued = program();
@@ -296,10 +323,12 @@ cudaGraphExec_t CudaModelRunner::Impl::GraphFor(const std::vector<int64_t>& key,
   if (issued.ok() && ended == cudaSuccess) made = cudaGraphInstantiate(&exec, graph, 0);
   if (graph != nullptr) cudaGraphDestroy(graph);
   if (!issued.ok() || ended != cudaSuccess || made != cudaSuccess) {
-    DisableGraphs(!issued.ok() ? "capture: " + issued.ToString()
-                  : ended != cudaSuccess
-                      ? std::string("cudaStreamEndCapture: ") + cudaGetErrorString(ended)
-                      : std::string("cudaGraphInstantiate: ") + cudaGetErrorString(made));
+    const std::string why =
+        !issued.ok()           ? "capture: " + issued.ToString()
+        : ended != cudaSuccess ? std::string("cudaStreamEndCapture: ") + cudaGetErrorString(ended)
+                               : std::string("cudaGraphInstantiate: ") + cudaGetErrorString(made);
+    DisableGraphs(why);
+    if (sharded()) return InternalError("CUDA graph capture failed on a share: " + why);
     return nullptr;
   }
   if (static_cast<int32_t>(graphs.size()) >= opt.max_graphs) {
@@ -894,6 +923,7 @@ struct PieceOps {
            dist_index.size() <= chunk;
   }
   Status CollectAll() {
+    if (im.layout.stage + 1 < im.layout.num_stages) return Status::Ok();  // rows are the last's
     for (size_t r0 = 0, r1 = 0; r0 < total_rows(); r0 = r1) {
       r1 = ChunkEnd(r0);
       SI_RETURN_IF_ERROR(Collect(r0, r1));
@@ -1162,10 +1192,8 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
   const int64_t dist_off = Append(blob, dist_settings.data(), dist_settings.size());
   const int64_t table_off = Append(blob, tables.data(), tables.size());
   const int64_t bytes = static_cast<int64_t>(blob.size());
-  // Grown with room to spare: a new address is a new graph key.
-  SI_RETURN_IF_ERROR(
-      meta_host.Reserve(bytes <= meta_host.bytes() ? bytes : 2 * bytes, "pass metadata"));
-  SI_RETURN_IF_ERROR(meta.Reserve(bytes <= meta.bytes() ? bytes : 2 * bytes, "pass metadata"));
+  // Grown with room to spare (growing drops the graphs).
+  SI_RETURN_IF_ERROR(ReserveMeta(bytes <= meta.bytes() ? bytes : 2 * bytes, "pass metadata"));
   std::memcpy(meta_host.get(), blob.data(), blob.size());
   SI_RETURN_IF_ERROR(CudaStatus(
       cudaMemcpyAsync(meta.get(), meta_host.get(), blob.size(), cudaMemcpyHostToDevice, stream),
@@ -1206,11 +1234,14 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
   const auto program = [&] {
     return RunLlamaProgram(ops, static_cast<int32_t>(layer_range.count));
   };
-  // A graph holds a batch-invariant pass of the whole model whose rows fit a classifier chunk of
-  // each kind (logits, argmax and distribution rows); its key is everything the pass's launches
-  // take by value (the rest is in `meta`).
+  // A graph holds a batch-invariant pass whose rows fit a classifier chunk of each kind (logits,
+  // argmax and distribution rows), of the whole model or of a share whose group's operations can
+  // be captured; its key is everything the pass's launches and collectives take by value (the
+  // rest is in `meta`, whose address is fixed while graphs are held, as is the host staging's).
+  // Every value in it comes from the batch alone (a share's head counts and widths are fixed),
+  // so the ranks of a group capture and replay the same passes.
   cudaGraphExec_t graph = nullptr;
-  if (batch.batch_invariant && !sharded() && !ops.use_cublas && ops.OneChunkEach()) {
+  if (batch.batch_invariant && !ops.use_cublas && ops.OneChunkEach() && GraphsAllowed()) {
     const std::vector<int64_t> key = {np,
                                       static_cast<int64_t>(reqs.size()),
                                       static_cast<int64_t>(masks.size()),
@@ -1222,11 +1253,9 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
                                       static_cast<int64_t>(logit_local.size()),
                                       static_cast<int64_t>(argmax_index.size()),
                                       static_cast<int64_t>(draws.size()),
-                                      static_cast<int64_t>(dist_index.size()),
-                                      reinterpret_cast<intptr_t>(md),
-                                      reinterpret_cast<intptr_t>(logits_host.get())};
+                                      static_cast<int64_t>(dist_index.size())};
     ops.deferred = true;
-    graph = GraphFor(key, program);
+    SI_ASSIGN_OR_RETURN(graph, GraphFor(key, program));
   }
   if (graph != nullptr) {
     SI_RETURN_IF_ERROR(CudaStatus(cudaGraphLaunch(graph, stream), "graph launch"));
@@ -1364,7 +1393,7 @@ bool CudaModelRunner::returns_distributions() const { return !impl_->sharded(); 
 
 int32_t CudaModelRunner::warmup_passes() const {
   const Impl& im = *impl_;
-  return im.opt.cuda_graphs && im.opt.max_graphs > 0 && !im.sharded() ? 2 : 0;
+  return im.opt.cuda_graphs && im.opt.max_graphs > 0 ? 2 : 0;
 }
 
 Status CudaModelRunner::ForwardWithTables(const ForwardBatch& batch,
@@ -1441,8 +1470,7 @@ Status CudaModelRunner::Impl::Move(std::span<const int32_t> table, std::span<con
   const int64_t t_off = Append(blob, to.data(), to.size());
   Impl& im = *this;
   SI_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(im.opt.device), "cudaSetDevice"));
-  SI_RETURN_IF_ERROR(im.meta_host.Reserve(static_cast<int64_t>(blob.size()), "move metadata"));
-  SI_RETURN_IF_ERROR(im.meta.Reserve(static_cast<int64_t>(blob.size()), "move metadata"));
+  SI_RETURN_IF_ERROR(im.ReserveMeta(static_cast<int64_t>(blob.size()), "move metadata"));
   std::memcpy(im.meta_host.get(), blob.data(), blob.size());
   SI_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(im.meta.get(), im.meta_host.get(), blob.size(),
                                                 cudaMemcpyHostToDevice, im.stream),

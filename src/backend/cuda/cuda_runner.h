@@ -38,19 +38,23 @@
 //     sampled sequence's token drawn there too (ForwardBatch::draws: temperature, top-k, top-p
 //     and the uniform its random stream supplied): the classifier's output stays on the GPU and
 //     only token ids come back.
-//   - CUDA graphs (CudaRunnerOptions::cuda_graphs): a batch-invariant pass of the whole model
-//     (1 x 1 layout) whose wanted rows fit a classifier chunk of each kind (up to 128 logits rows
-//     and 128 argmax rows) is captured into a graph the
-//     second time its shape comes, and later passes of that shape only upload their metadata
-//     (tokens, positions, slots, masks, block tables: a fixed layout per shape) and launch the
-//     graph. A shape is everything a launch takes by value: tokens, sequences, mask words,
-//     attention work items and chunking, rows wanted. Decode at a given batch size keeps one
-//     graph while the contexts grow (the work items change only every attention chunk), a fixed
-//     tree shape one more. A failed capture turns graphs off for the runner (warning logged).
+//   - CUDA graphs (CudaRunnerOptions::cuda_graphs): a batch-invariant pass whose wanted rows fit
+//     a classifier chunk of each kind (up to 128 logits rows and 128 argmax rows) is captured
+//     into a graph the second time its shape comes, and later passes of that shape only upload
+//     their metadata (tokens, positions, slots, masks, block tables: a fixed layout per shape)
+//     and launch the graph. A shape is everything a launch takes by value: tokens, sequences,
+//     mask words, attention work items and chunking, rows wanted. Decode at a given batch size
+//     keeps one graph while the contexts grow (the work items change only every attention
+//     chunk), a fixed tree shape one more. A share of a TP x PP group captures its collectives
+//     too (DeviceCollective::capturable: NCCL, and the in-process collective on the emulator);
+//     the shape depends on the batch alone, so every rank captures and replays the same passes,
+//     as NCCL requires. A failed capture turns graphs off for a whole-model runner (warning
+//     logged, the pass runs eagerly); on a share it fails the pass (so the group: its peers
+//     captured it), and graphs come back on when the group is re-formed (SetCollective).
 //   - a sampled token tree's distributions computed on the device (ForwardBatch::dist_rows):
 //     multi-step speculative sampling on the host gets each node's kept tokens and their
 //     probabilities, not its logits.
-// Not done: graphs for TP x PP shares (collectives are not captured), Q5_0/Q5_1; rows of
+// Not done: Q5_0/Q5_1; rows of
 // requests that read logits (logprobs) come back as logits. Numerics
 // against the CPU backend (float32 weights and KV): products and attention differ only in summation
 // order (relative differences ~1e-6 on logits), RoPE tables are the CPU's. Within the GPU,
@@ -156,7 +160,8 @@ class CudaModelRunner final : public ModelRunner {
   bool draws_tokens() const override;
   // True but on a share (ForwardArgmax is the whole model's; a share's are ForwardWithTables').
   bool returns_distributions() const override;
-  // 2 with CUDA graphs (a shape is captured the second time it comes), else 0.
+  // 2 with CUDA graphs (a shape is captured the second time it comes), else 0; a share too
+  // (whether its group's operations can be captured is known only once it has one).
   int32_t warmup_passes() const override;
   Status MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,
                 std::span<const int32_t> dst) override;
@@ -174,8 +179,9 @@ class CudaModelRunner final : public ModelRunner {
   Status MoveKvWithTable(std::span<const int32_t> table, std::span<const int32_t> src,
                          std::span<const int32_t> dst);
 
-  // Replaces the group of a share (a worker re-forms it under a new epoch); null: none.
-  // InvalidArgument if its layout is not the runner's.
+  // Replaces the group of a share (a worker re-forms it under a new epoch); null: none. Drops
+  // the graphs held (they hold the old group's operations) and turns graphs back on if a failed
+  // capture had turned them off. InvalidArgument if its layout is not the runner's.
   Status SetCollective(std::shared_ptr<DeviceCollective> collective);
   const CollectiveLayout& layout() const;
   ShardRange layers() const;  // the layers this stage holds
