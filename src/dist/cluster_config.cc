@@ -236,7 +236,7 @@ StatusOr<ClusterConfig> Parse(const YAML::Node& root, const std::string& source)
   {
     Reader r(top.Get("llm"), "llm", source);
     SI_RETURN_IF_ERROR(r.Keys({"model", "placement", "backend", "tp", "pp", "threads",
-                               "dequantize", "workers"}));
+                               "dequantize", "cuda_graphs", "workers"}));
     SI_RETURN_IF_ERROR(model_ref(r, "model", &c.llm.model));
     std::string placement = "in-process";
     SI_RETURN_IF_ERROR(r.Str("placement", &placement));
@@ -249,6 +249,7 @@ StatusOr<ClusterConfig> Parse(const YAML::Node& root, const std::string& source)
     SI_RETURN_IF_ERROR(r.Int32("pp", 1, 64, &c.llm.pp));
     SI_RETURN_IF_ERROR(r.Int32("threads", 0, 1024, &c.llm.threads));
     SI_RETURN_IF_ERROR(r.Bool("dequantize", &c.llm.dequantize));
+    SI_RETURN_IF_ERROR(r.Bool("cuda_graphs", &c.llm.cuda_graphs));
     if (r.Has("workers")) {
       const YAML::Node w = r.Get("workers");
       if (!w.IsSequence()) return r.Error("workers", "expected a list of {host, port}");

@@ -14,9 +14,11 @@
 //             among the replicas of cuda ssm entries on its host, in config order, 0, 1, ...;
 //             SSM replicas and LLM workers are counted apart, so by default they share GPUs)
 //   llm:     {model, placement: in-process | workers, backend: cpu | cuda, tp, pp, threads,
-//             dequantize, workers: [{host, port, gpu}, ...]}  tp * pp workers, stage-major;
-//             gpu: the device of a cuda worker (default: its place among the workers on its
-//             host, 0, 1, ...)
+//             dequantize, cuda_graphs, workers: [{host, port, gpu}, ...]}  tp * pp workers,
+//             stage-major; gpu: the device of a cuda worker (default: its place among the
+//             workers on its host, 0, 1, ...); cuda_graphs (default true): backend cuda replays
+//             CUDA graphs of decode and tree passes (false: every pass eager, the CLI's
+//             --enforce-eager)
 //   restart_workers: true | false            the one-machine launcher restarts a dead worker
 //
 // Unknown keys are refused (a typo must not silently fall back to a default), as are ports
@@ -92,6 +94,7 @@ struct ClusterLlm {
   int32_t tp = 1, pp = 1;
   int32_t threads = 0;          // in-process: the manager's runner; workers: each worker's
   bool dequantize = false;
+  bool cuda_graphs = true;      // backend cuda: CUDA graphs (false: --enforce-eager)
   std::vector<ClusterEndpoint> workers;  // tp * pp, stage-major: (stage s, rank r) at s * tp + r
 };
 

@@ -400,6 +400,7 @@ StatusOr<InferenceServerOptions> ManagerOptions(const ClusterConfig& c,
     o.engine.backend = c.llm.backend;
     o.engine.num_threads = c.llm.threads;
     o.engine.dequantize = c.llm.dequantize;
+    o.engine.cuda_graphs = c.llm.cuda_graphs;
   } else {
     o.engine.num_threads = c.manager.endpoint.threads;
     LlmGroupOptions g;
@@ -544,6 +545,7 @@ int RunClusterWorker(const ClusterConfig& c, const std::string& config_path,
   o.max_sequences = config.limits.max_batch;
   o.dequantize = config.llm.dequantize;
   o.backend = config.llm.backend;
+  o.cuda_graphs = config.llm.cuda_graphs;
   // A GPU worker's device: as configured, else its place among the LLM workers on its host.
   o.device = LlmWorkerGpu(config, static_cast<size_t>(index));
   auto server = LlmWorkerServer::Start(o);

@@ -230,13 +230,16 @@ Status RemoteLlmRunner::RegisterAll(bool first) {
     return FailedPreconditionError("LLM group: a worker came back with a smaller KV capacity");
   }
   bool dists = true;
+  int32_t warmup = 0;
   for (size_t i = 0; i < workers_.size(); ++i) {
+    warmup = std::max(warmup, infos[i].warmup_passes());
     workers_[i]->boot_id = infos[i].boot_id();
     epoch_ = std::max<uint64_t>(epoch_, infos[i].epoch());
     if (workers_[i]->stage == options_.num_stages - 1)
       dists = dists && infos[i].returns_distributions();
   }
   returns_dists_ = dists;
+  warmup_passes_ = std::clamp(warmup, 0, 8);
   return Status::Ok();
 }
 

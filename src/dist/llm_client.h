@@ -84,6 +84,8 @@ class RemoteLlmRunner final : public ModelRunner {
   // (LlmWorkerInfo::returns_distributions: GPU shares; with TP > 1 they all-gather those rows'
   // columns first, and tp rank 0 answers them); else sampled trees get logits rows.
   bool returns_distributions() const override { return returns_dists_.load(); }
+  // The most any worker asks for (LlmWorkerInfo::warmup_passes: GPU shares with CUDA graphs).
+  int32_t warmup_passes() const override { return warmup_passes_.load(); }
   Status MoveKv(const KvCacheManager& kv, SeqId seq, std::span<const int32_t> src,
                 std::span<const int32_t> dst) override;
   int32_t num_kv_blocks() const override { return kv_blocks_; }
@@ -139,6 +141,7 @@ class RemoteLlmRunner final : public ModelRunner {
   bool joined_ = false;  // a group was formed by this runner (released on destruction)
   std::atomic<uint64_t> kv_epoch_{0};
   std::atomic<bool> returns_dists_{false};  // as the workers last registered
+  std::atomic<int32_t> warmup_passes_{0};     // likewise
   // Group epoch in which each physical KV block was last written (0: never; epochs start at 1).
   // Kept per block, not per sequence: with prefix caching (kv/kv_cache.h) a sequence reads
   // blocks other sequences wrote, and a block may be in several block tables at once.

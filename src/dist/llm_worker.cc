@@ -298,6 +298,7 @@ class LlmWorkerServer::Impl final : public pb::LlmWorker::Service {
     info->set_epoch(epoch_);
     info->set_in_group(in_group_);
     info->set_returns_distributions(runner_->last_stage() && runner_->returns_distributions());
+    info->set_warmup_passes(runner_->warmup_passes());
   }
 
   LlmWireLimits WireLimits() const {
@@ -349,6 +350,7 @@ StatusOr<std::unique_ptr<LlmWorkerServer>> LlmWorkerServer::Start(
   ro.num_kv_blocks = blocks;
   ro.kv_block_size = o.kv_block_size;
   ro.device = o.device;
+  ro.cuda_graphs = o.cuda_graphs;
   SI_ASSIGN_OR_RETURN(auto runner, CreateWorkerShard(o.backend, std::move(model), layout, ro));
   auto impl = std::make_unique<Impl>(o, std::move(runner), fingerprint);
   SI_RETURN_IF_ERROR(impl->Listen());

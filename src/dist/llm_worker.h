@@ -40,6 +40,7 @@ struct LlmWorkerOptions {
   // with the CUDA backend) and, for a GPU, on which device.
   std::string backend = "cpu";
   int32_t device = 0;
+  bool cuda_graphs = true;  // GPU shares: replay CUDA graphs (false: every pass eager)
 };
 
 class LlmWorkerServer {

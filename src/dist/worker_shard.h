@@ -61,6 +61,8 @@ class WorkerShard {
   // Whether this last-stage share computes distribution rows (ForwardBatch::dist_rows) where its
   // logits are: a GPU share holding the whole vocabulary. Others refuse batches that have them.
   virtual bool returns_distributions() const { return false; }
+  // ModelRunner::warmup_passes of this share (what the manager's cost calibration needs).
+  virtual int32_t warmup_passes() const { return 0; }
   virtual Status MoveKv(std::span<const int32_t> table, std::span<const int32_t> src,
                         std::span<const int32_t> dst) = 0;
   // Seconds spent in collectives since the last call.
@@ -72,6 +74,7 @@ struct WorkerShardOptions {
   int32_t num_kv_blocks = 0;
   int32_t kv_block_size = 16;
   int32_t device = 0;  // GPU backends: which device
+  bool cuda_graphs = true;  // GPU backends: CUDA graphs for batch-invariant passes
 };
 
 using WorkerShardFactory = std::function<StatusOr<std::unique_ptr<WorkerShard>>(

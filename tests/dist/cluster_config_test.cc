@@ -33,6 +33,7 @@ llm:
   tp: 2
   pp: 1
   threads: 4
+  cuda_graphs: false
   workers: [{host: a, port: 5201}, {host: b, port: 5201, gpu: 1}]
 restart_workers: true
 )";
@@ -64,6 +65,10 @@ TEST(ClusterConfig, ParsesEveryField) {
   EXPECT_EQ(c->llm.workers[1].address, "10.0.0.2");
   EXPECT_EQ(c->llm.workers[1].gpu, 1);
   EXPECT_EQ(c->llm.workers[0].gpu, -1);
+  EXPECT_FALSE(c->llm.cuda_graphs);
+  auto defaults = ParseClusterConfig("models: {llm: /m/llm.gguf}\nllm: {model: llm}\n", "x.yaml");
+  ASSERT_TRUE(defaults.ok()) << defaults.status().ToString();
+  EXPECT_TRUE(defaults->llm.cuda_graphs) << "on by default";
   EXPECT_TRUE(c->restart_workers);
   EXPECT_TRUE(c->all_ports_fixed());
   EXPECT_TRUE(CheckClusterRunnable(*c).ok());
@@ -155,6 +160,7 @@ TEST(ClusterConfig, BadConfigsAreRefusedNamingTheKey) {
        "manager.spec_budget: '4' is not auto, static or dynamic"},
       {Minimal("manager: {host: nowhere}"), "unknown host 'nowhere'"},
       {Minimal("limits: {max_batch: 0}"), "limits.max_batch: 0 is outside"},
+      {Minimal("", "llm: {cuda_graphs: sometimes}"), "llm.cuda_graphs"},
       {Minimal("", "llm: {placement: workers, tp: 0, workers: []}"), "llm.tp: 0 is outside"},
       {Minimal("", "llm: {placement: workers, tp: 2, pp: 2, workers: [{port: 1}]}"),
        "llm.workers: 1 workers for tp 2 x pp 2 (needs 4"},

@@ -115,6 +115,7 @@ class CudaWorkerShard final : public WorkerShard {
   }
   double TakeCollectiveSeconds() override { return 0.0; }
   bool returns_distributions() const override { return runner_->last_stage(); }
+  int32_t warmup_passes() const override { return runner_->warmup_passes(); }
 
  private:
   std::unique_ptr<CudaModelRunner> runner_;
@@ -137,6 +138,7 @@ StatusOr<std::unique_ptr<WorkerShard>> CreateCudaShard(std::shared_ptr<const Mod
   ro.num_kv_blocks = o.num_kv_blocks;
   ro.kv_block_size = o.kv_block_size;
   ro.layout = layout;
+  ro.cuda_graphs = o.cuda_graphs;
   SI_ASSIGN_OR_RETURN(auto runner, CudaModelRunner::Create(std::move(model), ro));
   return std::unique_ptr<WorkerShard>(new CudaWorkerShard(std::move(runner), o.device));
 }
