@@ -12,9 +12,11 @@
 #   scripts/gpu_check.sh torch       the same beside PyTorch SDPA and HF transformers (needs torch,
 #                                    transformers)
 #   scripts/gpu_check.sh cluster     configs/single-gpu.yaml (an LLM worker process on GPU 0) serving
-#                                    $MODEL (default: the default model if fetched, else
-#                                    stories260K): greedy completions with and without speculation
-#                                    must be equal
+#                                    the default model if fetched, else stories260K: greedy
+#                                    completions with and without speculation must be equal; with
+#                                    2+ GPUs also a TP 2 group of worker processes over NCCL, with
+#                                    CUDA graphs and eager (their timings side by side), with 4+
+#                                    also TP 2 x PP 2
 # Exits non-zero when there is no GPU (nvidia-smi finds none) or a step fails.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -42,7 +44,17 @@ run_step() {
       "$BUILD_DIR/bench_cuda_step" --decode 128
       ;;
     torch) python3 "$ROOT/scripts/bench_cuda_vs_torch.py" --build "$BUILD_DIR" ;;
-    cluster) python3 "$ROOT/scripts/gpu_cluster_check.py" --specinfer "$BUILD_DIR/specinfer" ;;
+    cluster)
+      local check=(python3 "$ROOT/scripts/gpu_cluster_check.py" --specinfer "$BUILD_DIR/specinfer")
+      "${check[@]}"
+      local gpus
+      gpus=$(nvidia-smi -L | grep -c '^GPU')
+      if ((gpus >= 2)); then
+        "${check[@]}" --tp 2
+        "${check[@]}" --tp 2 --eager
+      fi
+      if ((gpus >= 4)); then "${check[@]}" --tp 2 --pp 2; fi
+      ;;
     *)
       echo "error: unknown step '$1' (build, tests, attention, step, torch, cluster or all)" >&2
       exit 2

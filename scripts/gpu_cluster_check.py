@@ -5,11 +5,15 @@ with and without speculation (prompt lookup, tree 1,1,1,1) must be equal, token 
 
     scripts/gpu_cluster_check.py [--specinfer build/specinfer] [--model PATH --tokenizer PATH]
                                  [--config configs/single-gpu.yaml] [--port 18000]
+                                 [--tp N] [--pp M] [--eager]
 
-The model defaults to the default model when it has been fetched (models/), else stories260K from
-tests/data. Prints each completion's timing; exits 1 when an answer differs, is empty or fails,
-2 when the cluster does not come up within --ready-timeout seconds. Needs a GPU (the worker's
-backend is cuda); standard library only.
+With --tp/--pp above 1 the LLM runs as tp x pp worker processes on GPUs 0, 1, ... (NCCL between
+them; the config is written here, in JSON, which YAML reads), and --eager turns the workers'
+CUDA graphs off (llm.cuda_graphs: false), so that one machine can time both. The model defaults
+to the default model when it has been fetched (models/), else stories260K from tests/data.
+Prints each completion's timing and the median per mode; exits 1 when an answer differs, is
+empty or fails, 2 when the cluster does not come up within --ready-timeout seconds. Needs a GPU
+(the workers' backend is cuda); standard library only.
 """
 import argparse
 import json
@@ -49,8 +53,30 @@ def write_config(src, model, tokenizer, port):
         elif key.startswith("- {host: local, port: 5201"):
             line = line.replace("5201", str(port + 2))
         lines.append(line)
+    return save("".join(lines))
+
+
+def group_config(model, tokenizer, port, tp, pp, eager):
+    """A deployment of tp x pp LLM worker processes, worker i on GPU i, as JSON (valid YAML)."""
+    entry = {"path": model}
+    if tokenizer:
+        entry["tokenizer"] = tokenizer
+    config = {
+        "models": {"llm": entry},
+        "limits": {"max_batch": 16, "max_batch_tokens": 512, "max_queue": 64, "context": 2048},
+        "manager": {"host": "local", "http_port": port, "grpc_port": port + 1,
+                    "tree": "1,1,1,1"},
+        "llm": {"placement": "workers", "backend": "cuda", "tp": tp, "pp": pp,
+                "cuda_graphs": not eager,
+                "workers": [{"host": "local", "port": port + 2 + i, "gpu": i}
+                            for i in range(tp * pp)]},
+    }
+    return save(json.dumps(config, indent=1))
+
+
+def save(text):
     f = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
-    f.write("".join(lines))
+    f.write(text)
     f.close()
     return f.name
 
@@ -64,6 +90,9 @@ def main():
     ap.add_argument("--port", type=int, default=18000)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--ready-timeout", type=float, default=120)
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel LLM workers per stage")
+    ap.add_argument("--pp", type=int, default=1, help="pipeline stages")
+    ap.add_argument("--eager", action="store_true", help="the workers without CUDA graphs")
     args = ap.parse_args()
 
     model, tokenizer = args.model, args.tokenizer
@@ -74,13 +103,20 @@ def main():
         else:
             model = os.path.join(ROOT, "tests", "data", "stories260K", "stories260K.bin")
             tokenizer = os.path.join(ROOT, "tests", "data", "stories260K", "tok512.bin")
-    config = write_config(args.config, model, tokenizer, args.port)
+    if args.tp * args.pp > 1 or args.eager:
+        config = group_config(model, tokenizer, args.port, args.tp, args.pp, args.eager)
+        what = "tp %d x pp %d LLM workers on GPUs 0-%d, CUDA graphs %s" % (
+            args.tp, args.pp, args.tp * args.pp - 1, "off" if args.eager else "on")
+    else:
+        config = write_config(args.config, model, tokenizer, args.port)
+        what = args.config
     log = open(os.path.join(tempfile.gettempdir(), "gpu_cluster_check.log"), "w")
-    print("serving %s with %s (log %s)" % (model, args.config, log.name), flush=True)
+    print("serving %s with %s (log %s)" % (model, what, log.name), flush=True)
     proc = subprocess.Popen([args.specinfer, "cluster", "--config", config], cwd=ROOT,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = "http://127.0.0.1:%d" % args.port
     failures = 0
+    ms = {"plain": [], "speculative": []}
     try:
         deadline = time.time() + args.ready_timeout
         while True:
@@ -115,9 +151,11 @@ def main():
                     continue
                 text = out["choices"][0]["text"]
                 texts.append(text)
+                mode = "speculative" if spec else "plain"
+                ms[mode].append(1000 * (time.time() - t0))
                 print("%-12s %6.1f ms %3d tokens  %r" % (
-                    "speculative" if spec else "plain", 1000 * (time.time() - t0),
-                    out.get("usage", {}).get("completion_tokens", -1), text[:60]), flush=True)
+                    mode, ms[mode][-1], out.get("usage", {}).get("completion_tokens", -1),
+                    text[:60]), flush=True)
             if len(texts) != 2 or not texts[0] or texts[0] != texts[1]:
                 print("error: greedy output with and without speculation differs for %r" % prompt)
                 failures += 1
@@ -131,7 +169,12 @@ def main():
             except ProcessLookupError:
                 pass
         os.unlink(config)
-    print("cluster check: %s" % ("passed" if failures == 0 else "%d failures" % failures))
+    for mode, values in ms.items():
+        if values:
+            print("median %-12s %6.1f ms per completion (%d)" % (
+                mode, sorted(values)[len(values) // 2], len(values)))
+    print("cluster check (%s): %s" % (what, "passed" if failures == 0 else
+                                      "%d failures" % failures))
     return 1 if failures else 0
 
 
