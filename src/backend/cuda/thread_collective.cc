@@ -3,8 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstring>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -230,7 +230,7 @@ class ThreadRank final : public DeviceCollective {
 
   // Posts this rank's all-gather input and meets the stage's TP ranks: every rank's input.
   StatusOr<std::vector<const float*>> MeetForAllGather(const float* in,
-                                                        std::span<const size_t> counts) {
+                                                       std::span<const size_t> counts) {
     const int32_t me = layout_.tp_rank, stage = layout_.stage;
     std::unique_lock<std::mutex> lock(s_->mu);
     State::TpGroup& g = s_->tp[static_cast<size_t>(stage)];
@@ -240,9 +240,9 @@ class ThreadRank final : public DeviceCollective {
     // Every rank compares all views, so all of them see a mismatch and none copies.
     for (size_t r = 0; r < counts.size(); ++r)
       if (!std::equal(counts.begin(), counts.end(), g.counts[r].begin(), g.counts[r].end()))
-        return FailLocked(lock, InternalError("all-gather: TP ranks " + std::to_string(me) +
-                                              " and " + std::to_string(r) +
-                                              " disagree on the counts"));
+        return FailLocked(lock,
+                          InternalError("all-gather: TP ranks " + std::to_string(me) + " and " +
+                                        std::to_string(r) + " disagree on the counts"));
     return g.in;
   }
   // After this rank's copies: nobody may overwrite its input before every peer has copied it.
@@ -266,9 +266,9 @@ class ThreadRank final : public DeviceCollective {
     std::vector<float> msg = std::move(inbox.front());
     inbox.pop_front();
     if (msg.size() != count)
-      return FailLocked(lock, InternalError("pipeline receive: " + std::to_string(msg.size()) +
-                                            " floats arrived, " + std::to_string(count) +
-                                            " expected"));
+      return FailLocked(lock,
+                        InternalError("pipeline receive: " + std::to_string(msg.size()) +
+                                      " floats arrived, " + std::to_string(count) + " expected"));
     return msg;
   }
 
