@@ -4,8 +4,11 @@
 //
 //   Q4_0 (18 B): fp16 d; qs[16]           x = d * (q - 8)
 //   Q4_1 (20 B): fp16 d, m; qs[16]        x = d * q + m
+//   Q5_0 (22 B): fp16 d; qh[4]; qs[16]    x = d * (q + 16 h - 16)
+//   Q5_1 (24 B): fp16 d, m; qh[4]; qs[16] x = d * (q + 16 h) + m
 //   Q8_0 (34 B): fp16 d; int8 qs[32]      x = d * q
-// For j < 16 the nibble of element j is qs[j] & 15 and that of element j + 16 is qs[j] >> 4.
+// For j < 16 the nibble of element j is qs[j] & 15 and that of element j + 16 is qs[j] >> 4;
+// Q5's fifth bit h of element i is bit i of the little-endian 32-bit qh.
 // Blocks are 2-byte aligned only, so they are read with 16-bit loads.
 // K-quants (Q2_K..Q6_K, 256-element super-blocks): element formulas of src/backend/cpu/quants_k.h,
 // computed here with the same float32 steps (products rounded separately, no fused
@@ -56,6 +59,18 @@ __device__ __forceinline__ float DequantQ4_0(const BlockQ4_0* b, int i) {
 __device__ __forceinline__ float DequantQ4_1(const BlockQ4_1* b, int i) {
   const int q = i < 16 ? (b->qs[i] & 15) : (b->qs[i - 16] >> 4);
   return __fadd_rn(__fmul_rn(HalfBitsToFloat(b->d), static_cast<float>(q)), HalfBitsToFloat(b->m));
+}
+// The 5-bit quant of element i of a Q5 block: its nibble and its bit of qh.
+__device__ __forceinline__ int Quant5(const uint8_t* qh, const uint8_t* qs, int i) {
+  const int lo = i < 16 ? (qs[i] & 15) : (qs[i - 16] >> 4);
+  return lo | (((qh[i / 8] >> (i % 8)) & 1) << 4);
+}
+__device__ __forceinline__ float DequantQ5_0(const BlockQ5_0* b, int i) {
+  return HalfBitsToFloat(b->d) * static_cast<float>(Quant5(b->qh, b->qs, i) - 16);
+}
+__device__ __forceinline__ float DequantQ5_1(const BlockQ5_1* b, int i) {
+  return __fadd_rn(__fmul_rn(HalfBitsToFloat(b->d), static_cast<float>(Quant5(b->qh, b->qs, i))),
+                   HalfBitsToFloat(b->m));
 }
 
 // Element e (< 256) of a K-quant super-block, as float: (d * sc) * q [- dmin * m], each product
@@ -134,6 +149,12 @@ __device__ __forceinline__ float LoadElement(ElemType t, const uint8_t* row, int
                          static_cast<int>(col % 32));
     case ElemType::kQ4_1:
       return DequantQ4_1(reinterpret_cast<const BlockQ4_1*>(row) + col / 32,
+                         static_cast<int>(col % 32));
+    case ElemType::kQ5_0:
+      return DequantQ5_0(reinterpret_cast<const BlockQ5_0*>(row) + col / 32,
+                         static_cast<int>(col % 32));
+    case ElemType::kQ5_1:
+      return DequantQ5_1(reinterpret_cast<const BlockQ5_1*>(row) + col / 32,
                          static_cast<int>(col % 32));
     case ElemType::kQ2_K:
       return DequantQ2_K(reinterpret_cast<const BlockQ2_K*>(row) + col / 256,

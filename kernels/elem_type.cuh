@@ -23,6 +23,8 @@ enum class ElemType : int32_t {
   kQ8_0,
   kQ4_0,
   kQ4_1,
+  kQ5_0,
+  kQ5_1,
   kQ2_K,
   kQ3_K,
   kQ4_K,
@@ -30,7 +32,7 @@ enum class ElemType : int32_t {
   kQ6_K
 };
 
-inline constexpr int kQuantBlock = 32;    // elements of a Q8_0/Q4_0/Q4_1 block
+inline constexpr int kQuantBlock = 32;    // elements of a Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 block
 inline constexpr int kQuantBlockK = 256;  // elements of a K-quant super-block
 
 struct BlockQ4_0 {
@@ -42,11 +44,23 @@ struct BlockQ4_1 {
   uint16_t m;
   uint8_t qs[16];
 };
+struct BlockQ5_0 {
+  uint16_t d;
+  uint8_t qh[4];  // bit i: the fifth bit of element i
+  uint8_t qs[16];
+};
+struct BlockQ5_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
 struct BlockQ8_0 {
   uint16_t d;
   int8_t qs[32];
 };
 static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ8_0) == 34);
+static_assert(sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24);
 
 // K-quant super-blocks (d, dmin fp16 bits). Sizes are even, so in a row that starts 2-byte
 // aligned every field is 2-byte aligned; none is 4-byte aligned in general.
@@ -88,9 +102,11 @@ SPECINFER_HOST_DEVICE inline constexpr bool IsKQuant(ElemType t) {
 
 // Elements per block of type t: a row's length must be a multiple of it (1 for the float types).
 SPECINFER_HOST_DEVICE inline constexpr int ElemBlockElems(ElemType t) {
-  return IsKQuant(t)                                                              ? kQuantBlockK
-         : (t == ElemType::kQ8_0 || t == ElemType::kQ4_0 || t == ElemType::kQ4_1) ? kQuantBlock
-                                                                                  : 1;
+  return IsKQuant(t) ? kQuantBlockK
+         : (t == ElemType::kQ8_0 || t == ElemType::kQ4_0 || t == ElemType::kQ4_1 ||
+            t == ElemType::kQ5_0 || t == ElemType::kQ5_1)
+             ? kQuantBlock
+             : 1;
 }
 
 // Bytes of a row of `n` elements of type t (n a multiple of ElemBlockElems(t)).
@@ -107,6 +123,10 @@ SPECINFER_HOST_DEVICE inline int64_t ElemRowBytes(ElemType t, int64_t n) {
       return n / 32 * 18;
     case ElemType::kQ4_1:
       return n / 32 * 20;
+    case ElemType::kQ5_0:
+      return n / 32 * 22;
+    case ElemType::kQ5_1:
+      return n / 32 * 24;
     case ElemType::kQ2_K:
       return n / 256 * 84;
     case ElemType::kQ3_K:

@@ -99,11 +99,22 @@ struct SharedX {
   }
 };
 
-// 32-bit words of packed quants per block: Q8_0 one byte per element, Q4 one nibble.
-__host__ __device__ constexpr int QuantWords(ElemType t) { return t == ElemType::kQ8_0 ? 8 : 4; }
+__host__ __device__ constexpr bool IsQ5(ElemType t) {
+  return t == ElemType::kQ5_0 || t == ElemType::kQ5_1;
+}
+// Whether a block's elements are d * q + m (the minimum m factors out: m * sum x).
+__host__ __device__ constexpr bool HasMin(ElemType t) {
+  return t == ElemType::kQ4_1 || t == ElemType::kQ5_1;
+}
+// 32-bit words of packed quants per block: Q8_0 one byte per element, Q4 one nibble, Q5 a nibble
+// and (a fifth word) the 32 high bits.
+__host__ __device__ constexpr int QuantWords(ElemType t) {
+  return t == ElemType::kQ8_0 ? 8 : IsQ5(t) ? 5 : 4;
+}
 
 // Block b of a row: its quants packed 4 bytes to a word (blocks are only 2-byte aligned, so read
-// as 16-bit halves), its scale d and, for Q4_1, its minimum m (element j is d * q_j (+ m)).
+// as 16-bit halves), its scale d and, for Q4_1/Q5_1, its minimum m (element j is d * q_j (+ m)).
+// Q5: words 0-3 are the nibbles, word 4 the high bits (qh).
 template <ElemType W>
 __device__ __forceinline__ void LoadQuantBlock(const uint8_t* wrow, int64_t b,
                                                uint32_t (&wd)[QuantWords(W)], float& d, float& m) {
@@ -117,6 +128,26 @@ __device__ __forceinline__ void LoadQuantBlock(const uint8_t* wrow, int64_t b,
     const BlockQ4_0* blk = reinterpret_cast<const BlockQ4_0*>(wrow) + b;
     d = HalfBitsToFloat(blk->d);
     p = reinterpret_cast<const uint16_t*>(blk->qs);
+  } else if constexpr (IsQ5(W)) {
+    const uint8_t* qh;
+    if constexpr (W == ElemType::kQ5_0) {
+      const BlockQ5_0* blk = reinterpret_cast<const BlockQ5_0*>(wrow) + b;
+      d = HalfBitsToFloat(blk->d);
+      qh = blk->qh;
+      p = reinterpret_cast<const uint16_t*>(blk->qs);
+    } else {
+      const BlockQ5_1* blk = reinterpret_cast<const BlockQ5_1*>(wrow) + b;
+      d = HalfBitsToFloat(blk->d);
+      m = HalfBitsToFloat(blk->m);
+      qh = blk->qh;
+      p = reinterpret_cast<const uint16_t*>(blk->qs);
+    }
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(qh);
+    wd[4] = static_cast<uint32_t>(h[0]) | static_cast<uint32_t>(h[1]) << 16;
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      wd[k] = static_cast<uint32_t>(p[2 * k]) | static_cast<uint32_t>(p[2 * k + 1]) << 16;
+    return;
   } else {
     const BlockQ4_1* blk = reinterpret_cast<const BlockQ4_1*>(wrow) + b;
     d = HalfBitsToFloat(blk->d);
@@ -129,11 +160,16 @@ __device__ __forceinline__ void LoadQuantBlock(const uint8_t* wrow, int64_t b,
 }
 
 // Quant of element 4 * j + e (j < 8, e < 4) of a block, as float. Q8_0: byte 4j + e. Q4: for
-// element i < 16 the low nibble of byte i, for i >= 16 the high nibble of byte i - 16.
+// element i < 16 the low nibble of byte i, for i >= 16 the high nibble of byte i - 16. Q5: that
+// nibble and bit i of qh as its fifth bit.
 template <ElemType W>
 __device__ __forceinline__ float QuantAt(const uint32_t (&wd)[QuantWords(W)], int j, int e) {
   if constexpr (W == ElemType::kQ8_0) {
     return static_cast<float>(static_cast<int8_t>((wd[j] >> (8 * e)) & 0xff));
+  } else if constexpr (IsQ5(W)) {
+    const int i = 4 * j + e;
+    const uint32_t v = ((wd[j & 3] >> (8 * e + (j >= 4 ? 4 : 0))) & 15) | ((wd[4] >> i) & 1) << 4;
+    return static_cast<float>(v) - (W == ElemType::kQ5_0 ? 16.0f : 0.0f);
   } else {
     const uint32_t v = (wd[j & 3] >> (8 * e + (j >= 4 ? 4 : 0))) & 15;
     return static_cast<float>(v) - (W == ElemType::kQ4_0 ? 8.0f : 0.0f);
@@ -239,7 +275,7 @@ __device__ __forceinline__ void DotChunk(const X& xs, const uint8_t* (&wrow)[kRw
               s[i][t] = __fmaf_rn(q[i][2], a.z, s[i][t]);
               s[i][t] = __fmaf_rn(q[i][3], a.w, s[i][t]);
             }
-            if constexpr (W == ElemType::kQ4_1)
+            if constexpr (HasMin(W))
               sx[t] = __fadd_rn(sx[t], __fadd_rn(__fadd_rn(a.x, a.y), __fadd_rn(a.z, a.w)));
           }
         }
@@ -250,7 +286,7 @@ __device__ __forceinline__ void DotChunk(const X& xs, const uint8_t* (&wrow)[kRw
         for (int t = 0; t < kTok; ++t) {
           if (t < nt) {
             acc[i][t] = __fmaf_rn(d[i], s[i][t], acc[i][t]);
-            if constexpr (W == ElemType::kQ4_1) acc[i][t] = __fmaf_rn(m[i], sx[t], acc[i][t]);
+            if constexpr (HasMin(W)) acc[i][t] = __fmaf_rn(m[i], sx[t], acc[i][t]);
           }
         }
     }
@@ -304,10 +340,12 @@ __device__ __forceinline__ void DotChunk(const X& xs, const uint8_t* (&wrow)[kRw
 // the old one-row kernel got (12 caps it at 42 registers; it needs 32-40), the K-quants 8 (64:
 // Q3_K's two bit planes spill at 40); float types 4 at 8 tokens (128 registers), 3 at 16 (168);
 // Q4 3; Q8_0 and the K-quants 2 (233-255: 4 rows of 32 unpacked bytes, plus the K-quants'
-// scales).
+// scales); Q5_0 3, Q5_1 2 (its high-bit words and minimum spill 8-16 bytes at 3).
 __host__ __device__ constexpr int MinBlocksOf(ElemType t, int tok, bool staged) {
   if (!staged) return IsKQuant(t) ? 8 : 12;
-  return t == ElemType::kQ8_0 || IsKQuant(t) ? 2 : IsQuant(t) || tok > 8 ? 3 : 4;
+  return t == ElemType::kQ8_0 || t == ElemType::kQ5_1 || IsKQuant(t) ? 2
+         : IsQuant(t) || tok > 8                                     ? 3
+                                                                     : 4;
 }
 
 // A warp computes rows [r0, r0 + kRw) for tiles of kTok tokens in turn. kStaged: the block
@@ -756,6 +794,10 @@ cudaError_t LaunchLinear(ElemType type, const void* w, int64_t rows, int64_t col
       return LaunchTyped<ElemType::kQ4_0>(w, rows, cols, x, n, y, beta, stream);
     case ElemType::kQ4_1:
       return LaunchTyped<ElemType::kQ4_1>(w, rows, cols, x, n, y, beta, stream);
+    case ElemType::kQ5_0:
+      return LaunchTyped<ElemType::kQ5_0>(w, rows, cols, x, n, y, beta, stream);
+    case ElemType::kQ5_1:
+      return LaunchTyped<ElemType::kQ5_1>(w, rows, cols, x, n, y, beta, stream);
     case ElemType::kQ2_K:
       return LaunchTyped<ElemType::kQ2_K>(w, rows, cols, x, n, y, beta, stream);
     case ElemType::kQ3_K:

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -608,62 +609,78 @@ TEST(CudaRunner, QuantizedSmolLM2AgreesWithCpu) {
   EXPECT_EQ(argmax(got), argmax(quantized));
 }
 
-// A random Llama model (GQA 2, half RoPE) whose every matrix is a K-quant, the five types in
-// turn (the token embedding and the tied output included): random K-quant rows as the CPU's
-// K-quant tests make them, with d and dmin divided by 8 so that the logits are of order 1 (rms
-// ~0.7) and the activations moderate. Built once; the storage lives as long as the process.
+// A random Llama model (GQA 2, half RoPE) whose every matrix is of one of `types`, in turn (the
+// token embedding and the tied output included): random quantised rows as the CPU's quant tests
+// make them (testing::RandomRow), with their fp16 scales (d, dmin; Q4_1/Q5_1's minimum m too)
+// divided by `divisor` so that the logits are of order 1 and the activations moderate. The
+// storage lives as long as the process.
+std::shared_ptr<const Model> RandomQuantModel(const std::vector<DType>& types, uint32_t seed,
+                                              float divisor, const std::string& name) {
+  ModelConfig c;
+  c.dim = 256;
+  c.hidden_dim = 512;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 64;
+  c.vocab_size = 96;
+  c.max_seq_len = 128;
+  c.rope_style = RopeStyle::kHalf;
+  auto base = MakeRandomModel(c, 23);
+  EXPECT_TRUE(base.ok()) << base.status().ToString();
+  if (!base.ok()) return nullptr;
+  static std::deque<std::unique_ptr<Model>> owners;  // keep the norm gains
+  static std::deque<std::vector<uint8_t>> storage;
+  owners.push_back(std::move(base).value());
+  std::mt19937 rng(seed);
+  size_t k = 0;
+  auto requant = [&](WeightMatrix& m) {
+    const DType t = types[k++ % types.size()];
+    storage.emplace_back();
+    std::vector<size_t> fields = testing::HalfFields(t);
+    if (fields.empty())
+      fields = testing::HasMinField(t) ? std::vector<size_t>{0, 2} : std::vector<size_t>{0};
+    for (int64_t r = 0; r < m.rows; ++r) {
+      std::vector<uint8_t> row = testing::RandomRow(t, m.cols, rng);
+      const size_t bb = GetDTypeTraits(t).block_bytes;
+      for (size_t off = 0; off < row.size(); off += bb)
+        for (size_t f : fields)
+          testing::PutHalf(row.data() + off + f, testing::GetHalf(row.data() + off + f) / divisor);
+      storage.back().insert(storage.back().end(), row.begin(), row.end());
+    }
+    m = WeightMatrix{t, m.rows, m.cols, storage.back().data()};
+  };
+  ModelWeights w = owners.back()->weights();
+  requant(w.token_embedding);
+  for (LayerWeights& l : w.layers)
+    for (WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+      requant(*m);
+  w.output = w.token_embedding;
+  return std::make_shared<Model>(c, w, name);
+}
+
+// Every matrix a K-quant, the five types in turn (d and dmin divided by 8: logits rms ~0.7).
 std::shared_ptr<const Model> KQuantModel() {
-  static std::shared_ptr<const Model> model = []() -> std::shared_ptr<const Model> {
-    ModelConfig c;
-    c.dim = 256;
-    c.hidden_dim = 512;
-    c.n_layers = 2;
-    c.n_heads = 4;
-    c.n_kv_heads = 2;
-    c.head_dim = 64;
-    c.vocab_size = 96;
-    c.max_seq_len = 128;
-    c.rope_style = RopeStyle::kHalf;
-    auto base = MakeRandomModel(c, 23);
-    EXPECT_TRUE(base.ok()) << base.status().ToString();
-    if (!base.ok()) return nullptr;
-    static std::unique_ptr<Model> owner = std::move(base).value();  // keeps the norm gains
-    static std::vector<std::vector<uint8_t>> storage;
-    storage.reserve(64);
-    const DType types[] = {DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
-    std::mt19937 rng(29);
-    int k = 0;
-    auto requant = [&](WeightMatrix& m) {
-      const DType t = types[k++ % 5];
-      storage.emplace_back();
-      for (int64_t r = 0; r < m.rows; ++r) {
-        std::vector<uint8_t> row = testing::RandomKRow(t, m.cols, rng);
-        const size_t bb = GetDTypeTraits(t).block_bytes;
-        for (size_t off = 0; off < row.size(); off += bb)
-          for (size_t f : testing::HalfFields(t))
-            testing::PutHalf(row.data() + off + f, testing::GetHalf(row.data() + off + f) / 8);
-        storage.back().insert(storage.back().end(), row.begin(), row.end());
-      }
-      m = WeightMatrix{t, m.rows, m.cols, storage.back().data()};
-    };
-    ModelWeights w = owner->weights();
-    requant(w.token_embedding);
-    for (LayerWeights& l : w.layers)
-      for (WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
-        requant(*m);
-    w.output = w.token_embedding;
-    return std::make_shared<Model>(c, w, "k-quant random");
-  }();
+  static std::shared_ptr<const Model> model = RandomQuantModel(
+      {DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}, 29, 8.0f,
+      "k-quant random");
   return model;
 }
 
-// K-quant weights on the GPU against the CPU running the same weights dequantised to float32
-// (the CPU's own K-quant path rounds activations to Q8_K, so it is not the exact counterpart):
-// batch-invariant prompt passes (the linear kernel reading the blocks) agree to float32
-// rounding (largest difference seen on the emulator 1.8e-6); batch-dependent ones (the K-quant
-// matrices dequantised to fp16 for cuBLAS, fp16 activations) to fp16 rounding (2.8e-3 seen).
-TEST(CudaRunner, KQuantModelMatchesDequantizedCpu) {
-  auto model = KQuantModel();
+// Every matrix a 32-element block type, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 in turn (scales and
+// minima divided by 16).
+std::shared_ptr<const Model> BlockQuantModel() {
+  static std::shared_ptr<const Model> model = RandomQuantModel(
+      {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0}, 37, 16.0f,
+      "block-quant random");
+  return model;
+}
+
+// Prompt logits of `model` on the GPU against the CPU running the same weights dequantised to
+// float32: batch-invariant passes (the linear kernel reading the blocks) within `tol`,
+// batch-dependent ones (matrices dequantised to fp16 for cuBLAS) within `cublas_tol`.
+void ExpectQuantModelMatchesDequantizedCpu(std::shared_ptr<const Model> model, double tol,
+                                           double cublas_tol) {
   ASSERT_TRUE(model);
   auto dequantized = DequantizeToF32(*model);
   ASSERT_TRUE(dequantized.ok()) << dequantized.status().ToString();
@@ -677,6 +694,8 @@ TEST(CudaRunner, KQuantModelMatchesDequantizedCpu) {
   KvCacheManager kv_cpu(16, 16), kv_gpu(16, 16);
   const std::vector<float> want = testing::PromptLogits(*cpu, kv_cpu, tokens, AllRows(n));
   for (const float v : want) ASSERT_TRUE(std::isfinite(v));
+  const auto [lo, hi] = std::minmax_element(want.begin(), want.end());
+  EXPECT_GT(*hi - *lo, 0.5f) << "logits too flat to say much";
   for (bool invariant : {true, false}) {
     const SeqId s = kv_gpu.AddSequence();
     ASSERT_TRUE(kv_gpu.Reserve(s, n).ok());
@@ -688,11 +707,26 @@ TEST(CudaRunner, KQuantModelMatchesDequantizedCpu) {
     ASSERT_TRUE(gpu->Forward(b, kv_gpu, got).ok());
     kv_gpu.RemoveSequence(s);
     if (invariant) {
-      EXPECT_ALL_CLOSE(got, want, 1e-4, 1e-4, "K-quant prompt logits, linear kernel");
+      EXPECT_ALL_CLOSE(got, want, tol, tol, model->source() + " prompt logits, linear kernel");
     } else {
-      EXPECT_ALL_CLOSE(got, want, 2e-2, 2e-2, "K-quant prompt logits, cuBLAS on fp16");
+      EXPECT_ALL_CLOSE(got, want, cublas_tol, cublas_tol,
+                       model->source() + " prompt logits, cuBLAS on fp16");
     }
   }
+}
+
+// K-quant weights on the GPU against the CPU running the same weights dequantised to float32
+// (the CPU's own K-quant path rounds activations to Q8_K, so it is not the exact counterpart):
+// batch-invariant prompt passes (the linear kernel reading the blocks) agree to float32
+// rounding (largest difference seen on the emulator 1.8e-6); batch-dependent ones (the K-quant
+// matrices dequantised to fp16 for cuBLAS, fp16 activations) to fp16 rounding (2.8e-3 seen).
+TEST(CudaRunner, KQuantModelMatchesDequantizedCpu) {
+  ExpectQuantModelMatchesDequantizedCpu(KQuantModel(), 1e-4, 2e-2);
+}
+
+// The same for the 32-element block types: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 matrices.
+TEST(CudaRunner, BlockQuantModelMatchesDequantizedCpu) {
+  ExpectQuantModelMatchesDequantizedCpu(BlockQuantModel(), 1e-4, 2e-2);
 }
 
 // KQuantModel() as a GGUF file (llama architecture, K-quant tensors as GGUF stores them, tied
@@ -884,7 +918,8 @@ namespace specinfer {
 namespace {
 
 // What the CUDA backend does not implement is refused by name when the runner is created, never
-// computed wrongly: the Gemma/Qwen3/Mistral switches of the layer program, and Q5_0 weights.
+// computed wrongly: the Gemma/Qwen3/Mistral switches of the layer program, and a weight type it
+// has no kernels for (Q8_K, the K-quants' activation type, which no model file holds).
 TEST(CudaRunner, UnsupportedArchitecturesAndTypesAreRefused) {
   for (const char* name : {"gemma3", "gemma2", "qwen3", "mistral"}) {
     auto m = ModelFromHfDirectory(testing::SourcePath(std::string("tests/data/arch/") + name));
@@ -900,20 +935,20 @@ TEST(CudaRunner, UnsupportedArchitecturesAndTypesAreRefused) {
               std::string::npos)
         << r.status().ToString();
   }
-  // A plain Llama whose wq is Q5_0 (gemma-3-270m Q4_K_M holds some).
+  // A plain Llama whose wq is Q8_K.
   auto m = ModelFromHfDirectory(testing::SourcePath("tests/data/arch/llama3"));
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   ModelWeights w = (*m)->weights();
-  std::vector<uint8_t> q50(RowBytes(DType::kQ5_0, 256) * w.layers[0].wq.rows);
+  std::vector<uint8_t> q8k(RowBytes(DType::kQ8_K, 256) * w.layers[0].wq.rows);
   const ModelConfig c = (*m)->config();
   // (refused on its type, before any shape is looked at)
-  w.layers[0].wq = WeightMatrix{DType::kQ5_0, w.layers[0].wq.rows, 256, q50.data()};
+  w.layers[0].wq = WeightMatrix{DType::kQ8_K, w.layers[0].wq.rows, 256, q8k.data()};
   CudaRunnerOptions o;
   o.num_kv_blocks = 4;
-  auto r = CudaModelRunner::Create(std::make_shared<Model>(c, w, "q5_0"), o);
+  auto r = CudaModelRunner::Create(std::make_shared<Model>(c, w, "q8_k"), o);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented) << r.status().ToString();
-  EXPECT_NE(r.status().ToString().find("Q5_0"), std::string::npos) << r.status().ToString();
+  EXPECT_NE(r.status().ToString().find("Q8_K"), std::string::npos) << r.status().ToString();
 }
 
 }  // namespace

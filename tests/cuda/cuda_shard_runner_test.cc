@@ -69,9 +69,9 @@ std::shared_ptr<const Model> RandomGqa() {
   return model;
 }
 
-// Every matrix in a block or 16-bit type the GPU reads directly (Q4_1, Q8_0, Q6_K, Q4_K, F16 in
-// turn): a share's rows of a block type are whole rows of blocks, and a 16-bit model gets a
-// 16-bit KV cache, so this covers the row slicing of quantised weights and the q cast of a
+// Every matrix in a block or 16-bit type the GPU reads directly (Q4_1, Q8_0, Q6_K, Q5_0, Q4_K,
+// Q5_1, F16 in turn): a share's rows of a block type are whole rows of blocks, and a 16-bit model
+// gets a 16-bit KV cache, so this covers the row slicing of quantised weights and the q cast of a
 // share. Built once; the storage lives as long as the process.
 std::shared_ptr<const Model> QuantizedGqa() {
   static std::shared_ptr<const Model> model = []() -> std::shared_ptr<const Model> {
@@ -90,13 +90,14 @@ std::shared_ptr<const Model> QuantizedGqa() {
     static std::unique_ptr<Model> owner = std::move(base).value();  // keeps the norm gains
     static std::vector<std::vector<uint8_t>> storage;
     storage.reserve(64);
-    const DType types[] = {DType::kQ4_1, DType::kQ8_0, DType::kQ6_K, DType::kQ4_K, DType::kF16};
+    const DType types[] = {DType::kQ4_1, DType::kQ8_0, DType::kQ6_K, DType::kQ5_0,
+                           DType::kQ4_K, DType::kQ5_1, DType::kF16};
     std::mt19937 rng(37);
     int k = 0;
     auto requant = [&](WeightMatrix& m) {
-      const DType t = types[k++ % 5];
+      const DType t = types[k++ % std::size(types)];
       storage.emplace_back();
-      // Scales (and Q4_1's minimum) divided by 16, fp16 values of N(0, 0.02): activations stay
+      // Scales (and Q4_1/Q5_1's minimum) divided by 16, fp16 values of N(0, 0.02): activations stay
       // moderate (the cuBLAS pass casts them to fp16).
       std::normal_distribution<float> normal(0.0f, 0.02f);
       for (int64_t r = 0; r < m.rows; ++r) {
@@ -109,7 +110,7 @@ std::shared_ptr<const Model> QuantizedGqa() {
         } else {
           std::vector<size_t> fields = testing::HalfFields(t);
           if (fields.empty())
-            fields = t == DType::kQ4_1 ? std::vector<size_t>{0, 2} : std::vector<size_t>{0};
+            fields = testing::HasMinField(t) ? std::vector<size_t>{0, 2} : std::vector<size_t>{0};
           const size_t bb = GetDTypeTraits(t).block_bytes;
           for (size_t off = 0; off < row.size(); off += bb)
             for (size_t f : fields)
@@ -662,9 +663,9 @@ TEST(CudaShardRunner, Tp2Pp2SharesReplayGraphsThatHoldTheirCollectives) {
           (*first)->Abort(res.status);
           return;
         }
-        GraphWorkload(**runner, vocab, steps, res, abort_at, st == 1 && tp == 1,
-                      [&] { return std::move((*second)->Rank(st, tp)).value(); }, coll.get(),
-                      &ready);
+        GraphWorkload(
+            **runner, vocab, steps, res, abort_at, st == 1 && tp == 1,
+            [&] { return std::move((*second)->Rank(st, tp)).value(); }, coll.get(), &ready);
       });
   for (std::thread& t : threads) t.join();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 300s);

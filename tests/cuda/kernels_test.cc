@@ -39,6 +39,7 @@ struct TypePair {
 const TypePair kTypes[] = {{DType::kF32, ElemType::kF32},   {DType::kF16, ElemType::kF16},
                            {DType::kBF16, ElemType::kBF16}, {DType::kQ8_0, ElemType::kQ8_0},
                            {DType::kQ4_0, ElemType::kQ4_0}, {DType::kQ4_1, ElemType::kQ4_1},
+                           {DType::kQ5_0, ElemType::kQ5_0}, {DType::kQ5_1, ElemType::kQ5_1},
                            {DType::kQ2_K, ElemType::kQ2_K}, {DType::kQ3_K, ElemType::kQ3_K},
                            {DType::kQ4_K, ElemType::kQ4_K}, {DType::kQ5_K, ElemType::kQ5_K},
                            {DType::kQ6_K, ElemType::kQ6_K}};

@@ -51,6 +51,10 @@ StatusOr<ElemType> ToElemType(DType t, const std::string& what) {
       return ElemType::kQ4_0;
     case DType::kQ4_1:
       return ElemType::kQ4_1;
+    case DType::kQ5_0:
+      return ElemType::kQ5_0;
+    case DType::kQ5_1:
+      return ElemType::kQ5_1;
     case DType::kQ2_K:
       return ElemType::kQ2_K;
     case DType::kQ3_K:
@@ -64,8 +68,8 @@ StatusOr<ElemType> ToElemType(DType t, const std::string& what) {
     default:
       return UnimplementedError("the CUDA backend cannot use " + std::string(DTypeName(t)) +
                                 " weights (" + what +
-                                "); supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q2_K, Q3_K, "
-                                "Q4_K, Q5_K, Q6_K");
+                                "); supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
+                                "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K");
   }
 }
 

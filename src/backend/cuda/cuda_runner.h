@@ -9,8 +9,8 @@
 //     host's scaled frequencies, the fused tree-attention kernel over the paged KV cache
 //     (packed-bit masks, grouped-query attention, split KV for long contexts), final norm and
 //     classifier for the requested logit rows;
-//   - weights F32, F16, BF16, Q8_0, Q4_0, Q4_1 and the K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
-//     (others, e.g. Q5_0/Q5_1, are refused with Unimplemented naming the type), uploaded
+//   - weights F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the K-quants Q2_K, Q3_K, Q4_K,
+//     Q5_K, Q6_K (every type the CPU reads; others are refused naming the type), uploaded
 //     once at Create; quantised weights stay quantised on the GPU: products read the blocks
 //     directly (kernels/linear.cuh), and batch-dependent prompt passes dequantise a matrix into
 //     an fp16 workspace for cuBLAS;
@@ -54,7 +54,7 @@
 //   - a sampled token tree's distributions computed on the device (ForwardBatch::dist_rows):
 //     multi-step speculative sampling on the host gets each node's kept tokens and their
 //     probabilities, not its logits.
-// Not done: Q5_0/Q5_1; rows of
+// Not done: rows of
 // requests that read logits (logprobs) come back as logits. Numerics
 // against the CPU backend (float32 weights and KV): products and attention differ only in summation
 // order (relative differences ~1e-6 on logits), RoPE tables are the CPU's. Within the GPU,
