@@ -24,6 +24,7 @@
 #include "backend/cuda/cuda_runner.h"
 #include "backend/cuda/thread_collective.h"
 #include "cuda_test_util.h"
+#include "model/hf_loader.h"
 #include "model/loader.h"
 #include "model/random_model.h"
 #include "quant/quant_random.h"
@@ -433,6 +434,20 @@ TEST(CudaShardRunner, QkvBiasesTp2Pp2MatchOneGpuAndCpu) {
   g.tp = 2;
   g.stages = 2;
   ExpectGroupMatches(RandomGqaWithBiases(), g);
+}
+
+// Qwen3 (transformers' tiny model, tests/data/arch/qwen3): each share norms its own heads' q and
+// k (QK-norm) with the layer's whole gain vectors; q_dim is twice dim.
+TEST(CudaShardRunner, Qwen3QkNormTp2Pp2MatchesOneGpuAndCpu) {
+  if (!EnoughDevices(4)) GTEST_SKIP() << "needs 4 GPUs, found " << cuda::DeviceCount();
+  auto m = ModelFromHfDirectory(testing::SourcePath("tests/data/arch/qwen3"));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  std::shared_ptr<const Model> model = std::move(m).value();
+  ASSERT_TRUE(model->config().qk_norm);
+  GroupSpec g;
+  g.tp = 2;
+  g.stages = 2;
+  ExpectGroupMatches(model, g);
 }
 
 // Quantised and 16-bit weights, a 16-bit KV cache: the shares' logits are the whole-model GPU

@@ -85,6 +85,7 @@ struct DeviceLayer {
   const float* attn_norm = nullptr;
   const float* ffn_norm = nullptr;
   const float *bq = nullptr, *bk = nullptr, *bv = nullptr;
+  const float *q_norm = nullptr, *k_norm = nullptr;  // [head_dim] each, with qk_norm
   DeviceMatrix wq, wk, wv, wo, w_gate, w_down, w_up;
 };
 
@@ -368,9 +369,12 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   if (o.max_batch_tokens <= 0) return InvalidArgumentError("max_batch_tokens must be positive");
   if (c.head_dim > kernels::kTreeAttnMaxHeadDim)
     return UnimplementedError("the CUDA backend supports head_dim <= 256");
-  if (const std::vector<std::string> f = c.ExtendedFeatures(); !f.empty()) {
+  // Of the switches of the other decoder families, QK-norm (Qwen3's only one) is implemented.
+  std::vector<std::string> missing = c.ExtendedFeatures();
+  std::erase(missing, std::string("qk_norm"));
+  if (!missing.empty()) {
     std::string names;
-    for (const std::string& s : f) names += (names.empty() ? "" : ", ") + s;
+    for (const std::string& s : missing) names += (names.empty() ? "" : ", ") + s;
     return UnimplementedError("the CUDA backend runs the plain Llama layer; this " +
                               c.architecture + " model needs " + names +
                               " (use the CPU backend)");
@@ -473,6 +477,10 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
       vecs.push_back({hl ? slice(hl->bq, q_rows) : nullptr, q_local, 0.0f, &dl.bq});
       vecs.push_back({hl ? slice(hl->bk, kv_cols) : nullptr, kv_local, 0.0f, &dl.bk});
       vecs.push_back({hl ? slice(hl->bv, kv_cols) : nullptr, kv_local, 0.0f, &dl.bv});
+    }
+    if (c.qk_norm) {  // one gain vector per layer for every head: each share holds it whole
+      vecs.push_back({hl ? hl->q_norm.data : nullptr, c.head_dim, 1.0f, &dl.q_norm});
+      vecs.push_back({hl ? hl->k_norm.data : nullptr, c.head_dim, 1.0f, &dl.k_norm});
     }
   }
   if (last_stage) {
@@ -814,12 +822,24 @@ struct PieceOps {
     SI_RETURN_IF_ERROR(im.Matmul(l.wq, im.xb, np, im.q, 0.0f, use_cublas));
     SI_RETURN_IF_ERROR(im.Matmul(l.wk, im.xb, np, im.k, 0.0f, use_cublas));
     SI_RETURN_IF_ERROR(im.Matmul(l.wv, im.xb, np, im.v, 0.0f, use_cublas));
-    if (l.bq == nullptr) return Status::Ok();
-    SI_RETURN_IF_ERROR(
-        Check(kernels::LaunchAddBias(im.q, l.bq, np, im.q_local, im.stream), "bias"));
-    SI_RETURN_IF_ERROR(
-        Check(kernels::LaunchAddBias(im.k, l.bk, np, im.kv_local, im.stream), "bias"));
-    return Check(kernels::LaunchAddBias(im.v, l.bv, np, im.kv_local, im.stream), "bias");
+    if (l.bq != nullptr) {
+      SI_RETURN_IF_ERROR(
+          Check(kernels::LaunchAddBias(im.q, l.bq, np, im.q_local, im.stream), "bias"));
+      SI_RETURN_IF_ERROR(
+          Check(kernels::LaunchAddBias(im.k, l.bk, np, im.kv_local, im.stream), "bias"));
+      SI_RETURN_IF_ERROR(
+          Check(kernels::LaunchAddBias(im.v, l.bv, np, im.kv_local, im.stream), "bias"));
+    }
+    if (l.q_norm == nullptr) return Status::Ok();
+    // QK-norm (Qwen3): every head's q and k RMS-normed on their own, [np * heads, head_dim] rows
+    // in place (a row's bits do not depend on the batch).
+    const auto hd = static_cast<int>(c.head_dim);
+    SI_RETURN_IF_ERROR(Check(
+        kernels::LaunchRmsNorm(im.q, l.q_norm, im.q, np * im.hq, hd, c.norm_eps, im.stream),
+        "q norm"));
+    return Check(
+        kernels::LaunchRmsNorm(im.k, l.k_norm, im.k, np * im.hk, hd, c.norm_eps, im.stream),
+        "k norm");
   }
   // RoPE on q and k, k and v appended to the layer's cache slots, and q cast to a 16-bit cache's
   // type for the attention kernel.
