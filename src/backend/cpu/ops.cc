@@ -247,6 +247,78 @@ __attribute__((target("avx2,fma"))) void AxpyRowsAvx2(const float* scores, const
   }
 }
 
+// The attention of G query heads that share a KV head (GQA), head size 64, with AVX2: the keys
+// eight at a time, every head over the same eight rows before the next eight (so a key row comes
+// from L2 once and from L1 for the other heads), and the value rows once for all G heads per
+// column chunk (G x 4 accumulators of 8 columns; 64 / chunk passes over the rows). Per head and
+// key the arithmetic is DotRowsAvx2's and AxpyRowsAvx2's exactly (the same FMAs, the same
+// horizontal-sum tree, row-order updates per element). scores: [G][rows], q and out: [G][64].
+template <int G>
+__attribute__((target("avx2,fma"))) void DotRowsGroup64Avx2(const float* q, const float* base,
+                                                            const int32_t* slots, int64_t rows,
+                                                            int64_t stride, float scale,
+                                                            float* scores) {
+  const __m256 vscale = _mm256_set1_ps(scale);
+  int64_t k = 0;
+  for (; k + 8 <= rows; k += 8) {
+    const float* b[8];
+    for (int j = 0; j < 8; ++j) b[j] = base + slots[k + j] * stride;
+    for (int g = 0; g < G; ++g) {
+      const float* qh = q + 64 * g;
+      __m256 v[8];
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+#pragma GCC unroll 4
+        for (int i = 0; i < 64; i += 16) {
+          acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), _mm256_loadu_ps(b[j] + i), acc0);
+          acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i + 8), _mm256_loadu_ps(b[j] + i + 8), acc1);
+        }
+        v[j] = _mm256_add_ps(acc0, acc1);
+      }
+      _mm256_storeu_ps(scores + g * rows + k, _mm256_mul_ps(HorizontalSums8(v), vscale));
+    }
+  }
+  for (; k < rows; ++k)
+    for (int g = 0; g < G; ++g)
+      scores[g * rows + k] = DotAvx2Inline(q + 64 * g, base + slots[k] * stride, 64) * scale;
+}
+
+template <int G>
+__attribute__((target("avx2,fma"))) void AxpyRowsGroup64Avx2(const float* scores,
+                                                             const float* base,
+                                                             const int32_t* slots, int64_t rows,
+                                                             int64_t stride, float* out) {
+  constexpr int kVecs = G == 1 ? 8 : G == 4 ? 2 : 4;  // 8-column vectors per head and chunk
+  for (int c = 0; c < 64; c += 8 * kVecs) {
+    __m256 y[G][kVecs];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g)
+#pragma GCC unroll 8
+      for (int i = 0; i < kVecs; ++i) y[g][i] = _mm256_loadu_ps(out + 64 * g + c + 8 * i);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* x = base + slots[r] * stride + c;
+#pragma GCC unroll 8
+      for (int i = 0; i < kVecs; ++i) {
+        const __m256 v = _mm256_loadu_ps(x + 8 * i);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g)
+          y[g][i] = _mm256_fmadd_ps(_mm256_set1_ps(scores[g * rows + r]), v, y[g][i]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g)
+#pragma GCC unroll 8
+      for (int i = 0; i < kVecs; ++i) _mm256_storeu_ps(out + 64 * g + c + 8 * i, y[g][i]);
+  }
+}
+
+const GroupKernels kGroup64Avx2[5] = {{nullptr, nullptr},
+                                      {DotRowsGroup64Avx2<1>, AxpyRowsGroup64Avx2<1>},
+                                      {DotRowsGroup64Avx2<2>, AxpyRowsGroup64Avx2<2>},
+                                      {DotRowsGroup64Avx2<3>, AxpyRowsGroup64Avx2<3>},
+                                      {DotRowsGroup64Avx2<4>, AxpyRowsGroup64Avx2<4>}};
+
 // DotRowsAvx2 and AxpyRowsAvx2 with AVX-512 (F, VL) for head sizes that are multiples of 16:
 // one zmm holds what DotAvx2Inline keeps in acc0 and acc1 (lanes 0-7: columns i..i+7, lanes
 // 8-15: i+8..i+15, per step of 16), so each lane sees the same FMAs in the same order, and the
@@ -307,10 +379,10 @@ SI_ATT512 void AxpyRowsAvx512(const float* scores, const float* base, const int3
   for (int i = 0; i < steps; ++i) _mm512_storeu_ps(out + 16 * i, y[i]);
 }
 
-// The attention of G query heads that share a KV head (GQA), head size 64: each key row and each
-// value row is read once for the G heads instead of G times (the rows come from L2; this halves
-// and more the time attention spends waiting for them). Per head and key the arithmetic is
-// DotRowsAvx512's and AxpyRowsAvx512's exactly. scores: [G][rows], q and out: [G][64].
+// The same grouping with AVX-512 (DotRowsGroup64Avx2 above): each key row and each value row is
+// read once for the G heads instead of G times (the rows come from L2; this halves and more the
+// time attention spends waiting for them). Per head and key the arithmetic is DotRowsAvx512's
+// and AxpyRowsAvx512's exactly. scores: [G][rows], q and out: [G][64].
 template <int G>
 SI_ATT512 void DotRowsGroup64(const float* q, const float* base, const int32_t* slots,
                               int64_t rows, int64_t stride, float scale, float* scores) {
@@ -481,7 +553,8 @@ struct AttentionKernels {
                    float*) = DotRowsScalar;
   void (*axpy_rows)(const float*, const float*, const int32_t*, int64_t, int64_t, int64_t,
                     float*) = AxpyRowsScalar;
-  // AVX-512, head size 64: the grouped kernels above for groups of 1..4 heads (nullptr: none).
+  // Head size 64: the grouped kernels above (AVX2 or AVX-512) for groups of 1..4 heads
+  // (nullptr: none).
   const GroupKernels* group64 = nullptr;
   void (*softmax)(float*, int64_t) = SoftmaxScalar;
   void (*swiglu)(float*, const float*, int64_t) = SwiGluScalar;
@@ -498,6 +571,7 @@ const AttentionKernels& Kernels() {
       r.axpy_rows = AxpyRowsAvx2;
       r.softmax = SoftmaxAvx2;
       r.swiglu = SwiGluAvx2;
+      r.group64 = kGroup64Avx2;
     }
     if (GetCpuFeatures().use_avx512_kernels) {
       r.dot_rows = DotRowsAvx512;
