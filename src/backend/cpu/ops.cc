@@ -404,20 +404,7 @@ SI_ATT512 void DotRowsGroup64(const float* q, const float* base, const int32_t* 
       __m256 v[8];
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) v[j] = row_sum(qh, b[j]);
-      __m256 t[4];
-#pragma GCC unroll 4
-      for (int p = 0; p < 4; ++p)
-        t[p] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * p], v[2 * p + 1], 0x20),
-                             _mm256_permute2f128_ps(v[2 * p], v[2 * p + 1], 0x31));
-      const __m256 x0 = _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                      _mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 2, 3, 2)));
-      const __m256 x1 = _mm256_add_ps(_mm256_shuffle_ps(t[2], t[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                                      _mm256_shuffle_ps(t[2], t[3], _MM_SHUFFLE(3, 2, 3, 2)));
-      const __m256 sums = _mm256_add_ps(_mm256_shuffle_ps(x0, x1, _MM_SHUFFLE(2, 0, 2, 0)),
-                                        _mm256_shuffle_ps(x0, x1, _MM_SHUFFLE(3, 1, 3, 1)));
-      const __m256 ordered =
-          _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-      _mm256_storeu_ps(scores + g * rows + k, _mm256_mul_ps(ordered, vscale));
+      _mm256_storeu_ps(scores + g * rows + k, _mm256_mul_ps(HorizontalSums8(v), vscale));
     }
   }
   for (; k < rows; ++k) {
