@@ -144,18 +144,15 @@ __device__ __forceinline__ void LoadQuantBlock(const uint8_t* wrow, int64_t b,
     }
     const uint16_t* h = reinterpret_cast<const uint16_t*>(qh);
     wd[4] = static_cast<uint32_t>(h[0]) | static_cast<uint32_t>(h[1]) << 16;
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      wd[k] = static_cast<uint32_t>(p[2 * k]) | static_cast<uint32_t>(p[2 * k + 1]) << 16;
-    return;
   } else {
     const BlockQ4_1* blk = reinterpret_cast<const BlockQ4_1*>(wrow) + b;
     d = HalfBitsToFloat(blk->d);
     m = HalfBitsToFloat(blk->m);
     p = reinterpret_cast<const uint16_t*>(blk->qs);
   }
+  // The packed quants (Q5: its nibbles; the high bits are word 4, above).
 #pragma unroll
-  for (int k = 0; k < QuantWords(W); ++k)
+  for (int k = 0; k < (W == ElemType::kQ8_0 ? 8 : 4); ++k)
     wd[k] = static_cast<uint32_t>(p[2 * k]) | static_cast<uint32_t>(p[2 * k + 1]) << 16;
 }
 
