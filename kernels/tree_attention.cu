@@ -41,7 +41,8 @@ struct Layout {
   // float [kRows][kTile]: scores, then p
   static constexpr int kS = kV + kTile * kDMax * static_cast<int>(sizeof(T));
   static constexpr int kEnd = kS + kRows * kTile * 4;  // int32 [kRows]
-  static constexpr int kBytes = kEnd + kRows * 4;
+  static constexpr int kBegin = kEnd + kRows * 4;      // int32 [kRows]
+  static constexpr int kBytes = kBegin + kRows * 4;
   // 16-byte K (and V) loads per thread per tile; held in registers (prefetching the next tile
   // during this one's arithmetic) when that is few enough registers.
   static constexpr int kLoadIters = kTile * kChunks / kThreads;
@@ -89,7 +90,9 @@ __device__ __forceinline__ float RowTileSoftmax(float s, bool visible, float& m,
   float tmax = visible ? s : -INFINITY;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(kFull, tmax, o));
-  const float m_new = fmaxf(m, tmax);  // finite: the caller skips tiles the row does not see
+  // Finite unless the row has seen no key yet (a sliding window's masked start: then corr and
+  // every p are 0, and the state stays as it was).
+  const float m_new = fmaxf(m, tmax);
   corr = m == -INFINITY ? 0.0f : exp2f(m - m_new);
   const float pk = visible ? exp2f(s - m_new) : 0.0f;
   float sum = pk;
@@ -113,7 +116,7 @@ __device__ __forceinline__ void PairTileSoftmax(float& s0, float& s1, bool vis0,
     t0 = fmaxf(t0, __shfl_xor_sync(kFull, t0, o));
     t1 = fmaxf(t1, __shfl_xor_sync(kFull, t1, o));
   }
-  const float n0 = fmaxf(m0, t0), n1 = fmaxf(m1, t1);  // finite for an active row
+  const float n0 = fmaxf(m0, t0), n1 = fmaxf(m1, t1);  // as in RowTileSoftmax
   corr0 = !act0 ? 1.0f : m0 == -INFINITY ? 0.0f : exp2f(m0 - n0);
   corr1 = !act1 ? 1.0f : m1 == -INFINITY ? 0.0f : exp2f(m1 - n1);
   s0 = vis0 ? exp2f(s0 - n0) : 0.0f;
@@ -187,7 +190,8 @@ __global__ void __launch_bounds__(kThreads, (MinBlocks<T, kDMax>()))
   T* const k_s = reinterpret_cast<T*>(smem + L::kK);          // [kTile][kKStride]
   T* const v_s = reinterpret_cast<T*>(smem + L::kV);          // [kTile][kDMax]
   float* const s_s = reinterpret_cast<float*>(smem + L::kS);  // [kRows][kTile]: scores, then p
-  int32_t* const end_s = reinterpret_cast<int32_t*>(smem + L::kEnd);  // [kRows]
+  int32_t* const end_s = reinterpret_cast<int32_t*>(smem + L::kEnd);      // [kRows]
+  int32_t* const begin_s = reinterpret_cast<int32_t*>(smem + L::kBegin);  // [kRows]
 
   const TreeAttentionWorkItem wi = p.work[blockIdx.x];
   const TreeAttentionRequest rq = p.requests[wi.request];
@@ -219,9 +223,12 @@ __global__ void __launch_bounds__(kThreads, (MinBlocks<T, kDMax>()))
   // window entries its mask shows, compacted. Tiles are cut in that sequence, so a row's result
   // depends only on the keys it sees: a tree node gets bit for bit what decoding its path one
   // token at a time gets, and a request what it gets in any batch (see the header). end_s: where
-  // each row's keys stop in this chunk (virtual index).
-  if (threadIdx.x < kRows)
+  // each row's keys stop in this chunk (virtual index); begin_s: where they begin (0 but with a
+  // sliding window).
+  if (threadIdx.x < kRows) {
     end_s[threadIdx.x] = RowEnd(p, rq, wi, static_cast<int32_t>(threadIdx.x), rows);
+    begin_s[threadIdx.x] = RowBegin(p, rq, wi, static_cast<int32_t>(threadIdx.x), rows);
+  }
   __syncthreads();
   int32_t c1 = c0;  // end of the chunk's keys over all rows
   for (int r = 0; r < rows; ++r) c1 = max(c1, end_s[r]);
@@ -386,7 +393,7 @@ __global__ void __launch_bounds__(kThreads, (MinBlocks<T, kDMax>()))
           corr[j] = 1.0f;
           if (end_s[warp + kWarps * j] <= k0) continue;  // warp-uniform
           const int r = warp + kWarps * j;
-          const bool visible = k0 + lane < end_s[warp + kWarps * j];
+          const bool visible = k0 + lane < end_s[r] && k0 + lane >= begin_s[r];
           const float pk = RowTileSoftmax(s_s[r * kTile + lane], visible, m[j], l[j], corr[j]);
           s_s[r * kTile + lane] = pk;
           nk_max = max(nk_max, min(kTile, end_s[warp + kWarps * j] - k0));
@@ -400,7 +407,8 @@ __global__ void __launch_bounds__(kThreads, (MinBlocks<T, kDMax>()))
           nk_max = max(nk_max, min(kTile, max(e0, e1) - k0));
           float* const s0 = s_s + (warp + kWarps * j0) * kTile + lane;
           float* const s1 = s_s + (warp + kWarps * (j0 + 1)) * kTile + lane;
-          const bool vis0 = k0 + lane < e0, vis1 = k0 + lane < e1;
+          const bool vis0 = k0 + lane < e0 && k0 + lane >= begin_s[warp + kWarps * j0];
+          const bool vis1 = k0 + lane < e1 && k0 + lane >= begin_s[warp + kWarps * (j0 + 1)];
           const bool act0 = e0 > k0, act1 = e1 > k0;
           float p0 = *s0, p1 = *s1;
           PairTileSoftmax(p0, p1, vis0, vis1, act0, act1, m[j0], m[j0 + 1], l[j0], l[j0 + 1],
@@ -445,7 +453,7 @@ __global__ void __launch_bounds__(kThreads, (MinBlocks<T, kDMax>()))
         const int r = warp + kWarps * j;
         const int32_t i = (wi.row_begin + r) / group;
         const int32_t v = k0 + lane;
-        const bool visible = v < end_s[warp + kWarps * j];
+        const bool visible = v < end_s[r] && v >= begin_s[r];
         int64_t slot = 0;
         float sc = 0.0f;
         if (visible) {

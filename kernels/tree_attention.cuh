@@ -10,6 +10,11 @@
 // word j / 64; mask_begin < 0 means causal: j <= i for the i-th new token). A row that sees
 // nothing gets zeros. Logical position p lives in slot block_tables[p / block_size] * block_size
 // + p % block_size of the paged cache.
+// Sliding window (params.sliding_window = W > 0, one layer's): a token at rotary position P sees
+// only the keys of its virtual sequence (below) at index v >= P - W + 1. The virtual index of a
+// key is its position (the committed prefix, then the window entries by depth, as the engine
+// lays out trees), so this is ModelConfig::sliding_window's rule, the CPU's (cpu::AttendKvHead):
+// keys at positions p with P - p < W.
 // Layout: q [num_tokens, qo_heads, head_dim] T; k_cache, v_cache (one layer)
 //   [num_slots, kv_heads, head_dim] T; out [num_tokens, qo_heads, head_dim] OutT; T is float32,
 //   fp16 or bf16 and OutT float32 or T. All arithmetic in float32 with an online softmax
@@ -124,6 +129,9 @@ struct TreeAttentionParams {
   int32_t max_window = 0;
   float scale = 0.0f;      // usually 1 / sqrt(head_dim)
   bool any_split = false;  // some request has num_chunks > 1: run the merge
+  // This layer's sliding window (0: none) and, with one, each token's rotary position.
+  int32_t sliding_window = 0;
+  const int32_t* positions = nullptr;  // device [num_tokens]
 };
 
 // Runs the attention (and the merge when any_split). in_type is T; out_float selects OutT =

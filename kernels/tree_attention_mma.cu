@@ -128,19 +128,20 @@ __device__ __forceinline__ RowMap SharedMap(const int32_t* map_w) {
 
 // One tile for the warp's 16 rows: key c of the tile is a row of k_t and v_t (rows of kStride
 // elements, zero where no row sees the key) as `map` says; q_w the warp's 16 query rows. A row
-// takes part where active[h] (h = 0: row g, 1: row g + 8) and sees key c where k0 + c < end[h];
-// the others keep their state. nk: the keys any active row sees (1..32, warp-uniform); key tiles
-// past it are not computed (their scores would be masked), and the p.V step of keys 16..31 is
-// skipped when nk <= 16 (its p are all zero: adding zero products leaves the accumulators as
-// they are). The arithmetic is the same for every row, whichever rows are active beside it, and
-// the same for any map that gives the same keys.
-// kSplit warps share the 16 rows, each computing their scores and softmax whole (the same bits)
-// and the output of its part dim_part of the head dims (kD / kSplit of them).
+// takes part where active[h] (h = 0: row g, 1: row g + 8) and sees key c where begin[h] <= k0 + c
+// < end[h]; the others keep their state. nk: the keys any active row sees (1..32, warp-uniform);
+// key tiles past it are not computed (their scores would be masked), and the p.V step of
+// keys 16..31 is skipped when nk <= 16 (its p are all zero: adding zero products leaves the
+// accumulators as they are). The arithmetic is the same for every row, whichever rows are active
+// beside it, and the same for any map that gives the same keys. kSplit warps share the 16 rows,
+// each computing their scores and softmax whole (the same bits) and the output of its part dim_part
+// of the head dims (kD / kSplit of them).
 template <typename T, int kD, int kSplit>
 __device__ __forceinline__ void WarpTile(const T* q_w, const T* k_t, const T* v_t,
                                          const RowMap& map, int32_t k0, int32_t nk,
-                                         const int32_t (&end)[2], const bool (&active)[2],
-                                         float qscale, int dim_part, RowState<kD, kSplit>& st) {
+                                         const int32_t (&begin)[2], const int32_t (&end)[2],
+                                         const bool (&active)[2], float qscale, int dim_part,
+                                         RowState<kD, kSplit>& st) {
   using L = MmaLayout<kD>;
   using P = PTraits<T>;
   const int lane = threadIdx.x % 32, q = lane % 4;
@@ -180,7 +181,8 @@ __device__ __forceinline__ void WarpTile(const T* q_w, const T* k_t, const T* v_
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int h = e / 2;
-      const bool vis = active[h] && k0 + 8 * n + 2 * q + (e & 1) < end[h];
+      const int32_t key = k0 + 8 * n + 2 * q + (e & 1);
+      const bool vis = active[h] && key < end[h] && key >= begin[h];
       s[n][e] = vis ? __fmul_rn(s[n][e], qscale) : -INFINITY;
       tmax[h] = fmaxf(tmax[h], s[n][e]);
     }
@@ -192,7 +194,8 @@ __device__ __forceinline__ void WarpTile(const T* q_w, const T* k_t, const T* v_
   float corr[2], m_new[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    // An active row sees key k0 at least, so its max is finite.
+    // Finite unless the row has seen no key yet (a sliding window's masked start: corr and
+    // every p are then 0, and the state stays as it was).
     m_new[h] = active[h] ? fmaxf(st.m[h], tmax[h]) : st.m[h];
     corr[h] = !active[h] ? 1.0f : st.m[h] == -INFINITY ? 0.0f : exp2f(st.m[h] - m_new[h]);
   }
@@ -297,6 +300,7 @@ __device__ __forceinline__ void AttendItem(const TreeAttentionParams& p,
 
   const int r_lo = 16 * row_tile + g;  // this lane's rows in the block: r_lo and r_lo + 8
   const int32_t end[2] = {end_s[r_lo], end_s[r_lo + 8]};
+  const int32_t begin[2] = {RowBegin(p, rq, wi, r_lo, rows), RowBegin(p, rq, wi, r_lo + 8, rows)};
   int32_t warp_end = 0;  // where the warp's rows' keys stop
   for (int r = 16 * row_tile; r < 16 * row_tile + 16; ++r) warp_end = max(warp_end, end_s[r]);
   RowState<kD, kSplit> st;
@@ -358,7 +362,7 @@ __device__ __forceinline__ void AttendItem(const TreeAttentionParams& p,
     if (warp_end > k0) {
       const T* ks = stage_k(t);
       WarpTile<T, kD, kSplit>(q_w, ks, ks + kTile * L::kStride, identity, k0,
-                              min(kTile, warp_end - k0), end, active, qscale, dim_part, st);
+                              min(kTile, warp_end - k0), begin, end, active, qscale, dim_part, st);
     }
   }
   CpAsyncWait<0>();
@@ -420,10 +424,10 @@ __device__ __forceinline__ void AttendItem(const TreeAttentionParams& p,
                                 r_lo + 8 < rows && (wi.row_begin + r_lo + 8) / group == i};
         const int32_t nk = min(kTile, e - k0);
         if (pooled) {
-          WarpTile<T, kD, kSplit>(q_w, pool_k, pool_v, SharedMap(map_w), k0, nk, end, active,
+          WarpTile<T, kD, kSplit>(q_w, pool_k, pool_v, SharedMap(map_w), k0, nk, begin, end, active,
                                   qscale, dim_part, st);
         } else {
-          WarpTile<T, kD, kSplit>(q_w, own_k, own_v, identity, k0, nk, end, active, qscale,
+          WarpTile<T, kD, kSplit>(q_w, own_k, own_v, identity, k0, nk, begin, end, active, qscale,
                                   dim_part, st);
         }
       }

@@ -53,6 +53,17 @@ __device__ __forceinline__ int32_t RowEnd(const TreeAttentionParams& p,
   return min(rq.kv_prefix + VisibleWindow(rq, p.mask_words, i), (wi.chunk + 1) * p.kv_chunk);
 }
 
+// Where row r's keys begin (virtual index): 0, or with a sliding window its token's position
+// minus the window plus one (see the header). Keys before it are masked like keys past the end.
+__device__ __forceinline__ int32_t RowBegin(const TreeAttentionParams& p,
+                                            const TreeAttentionRequest& rq,
+                                            const TreeAttentionWorkItem& wi, int32_t r,
+                                            int32_t rows) {
+  if (p.sliding_window <= 0 || r >= rows) return 0;
+  const int32_t i = (wi.row_begin + r) / (p.qo_heads / p.kv_heads);
+  return max(0, p.positions[rq.token_begin + i] - p.sliding_window + 1);
+}
+
 // The logical position of the key at virtual index v (< the row's end) of token i's sequence: the
 // committed prefix as it is, then the window entries its mask shows, compacted.
 __device__ __forceinline__ int32_t KeyPosition(const TreeAttentionRequest& rq,

@@ -436,18 +436,21 @@ TEST(CudaShardRunner, QkvBiasesTp2Pp2MatchOneGpuAndCpu) {
   ExpectGroupMatches(RandomGqaWithBiases(), g);
 }
 
-// Qwen3 (transformers' tiny model, tests/data/arch/qwen3): each share norms its own heads' q and
-// k (QK-norm) with the layer's whole gain vectors; q_dim is twice dim.
-TEST(CudaShardRunner, Qwen3QkNormTp2Pp2MatchesOneGpuAndCpu) {
+// Transformers' tiny Qwen3 and Mistral (tests/data/arch): each Qwen3 share norms its own heads'
+// q and k (QK-norm) with the layer's whole gain vectors (q_dim is twice dim); Mistral's shares
+// attend within its sliding window of 5 positions (the scenario's prompts are longer).
+TEST(CudaShardRunner, Qwen3AndMistralTp2Pp2MatchOneGpuAndCpu) {
   if (!EnoughDevices(4)) GTEST_SKIP() << "needs 4 GPUs, found " << cuda::DeviceCount();
-  auto m = ModelFromHfDirectory(testing::SourcePath("tests/data/arch/qwen3"));
-  ASSERT_TRUE(m.ok()) << m.status().ToString();
-  std::shared_ptr<const Model> model = std::move(m).value();
-  ASSERT_TRUE(model->config().qk_norm);
-  GroupSpec g;
-  g.tp = 2;
-  g.stages = 2;
-  ExpectGroupMatches(model, g);
+  for (const char* family : {"qwen3", "mistral"}) {
+    auto m = ModelFromHfDirectory(testing::SourcePath(std::string("tests/data/arch/") + family));
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    std::shared_ptr<const Model> model = std::move(m).value();
+    ASSERT_TRUE(model->config().qk_norm || model->config().sliding_window > 0) << family;
+    GroupSpec g;
+    g.tp = 2;
+    g.stages = 2;
+    ExpectGroupMatches(model, g);
+  }
 }
 
 // Quantised and 16-bit weights, a 16-bit KV cache: the shares' logits are the whole-model GPU

@@ -40,6 +40,7 @@ struct Problem {
   int32_t qo_heads = 8, kv_heads = 8, head_dim = 64, block_size = 16;
   AttnType type = AttnType::kF32;
   std::vector<RequestSpec> reqs;
+  int32_t sliding_window = 0;  // > 0: TreeAttentionParams::sliding_window
 };
 
 // The tree over window entries (masked earlier ones, then the new tokens): parent of each entry.
@@ -91,6 +92,13 @@ struct RequestData {
   std::vector<float> q;     // [tokens, qo_heads, head_dim], rounded to the input type
   std::vector<float> k, v;  // [kv_len, kv_heads, head_dim]
   int32_t kv_len() const { return spec.prefix + spec.masked + spec.tokens; }
+  // New token i's position: the prefix plus its depth in the window (the entries it sees less
+  // one), as the engine lays trees out.
+  int32_t Position(int32_t i) const {
+    int32_t seen = 0;
+    for (int32_t j = 0; j < spec.masked + spec.tokens; ++j) seen += mask.Get(i, j) ? 1 : 0;
+    return spec.prefix + std::max(seen, 1) - 1;
+  }
 };
 
 RequestData MakeRequest(const Problem& p, const RequestSpec& rs, uint32_t seed) {
@@ -128,7 +136,9 @@ struct Result {
 };
 
 // fp64 reference from the contract: the visible positions are the prefix and the window
-// entries whose mask bit is set; softmax(scale q.k) v over them; zeros if none.
+// entries whose mask bit is set; softmax(scale q.k) v over them; zeros if none. With a sliding
+// window W, only the keys of the token's virtual sequence (prefix, then its window entries,
+// compacted) at index v >= position - W + 1.
 std::vector<double> Reference(const Problem& p, const std::vector<RequestData>& reqs) {
   const int32_t hd = p.head_dim, group = p.qo_heads / p.kv_heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
@@ -140,6 +150,12 @@ std::vector<double> Reference(const Problem& p, const std::vector<RequestData>& 
       for (int32_t pos = 0; pos < rs.prefix; ++pos) visible.push_back(pos);
       for (int32_t j = 0; j < rs.masked + rs.tokens; ++j)
         if (d.mask.Get(i, j)) visible.push_back(rs.prefix + j);
+      if (p.sliding_window > 0) {
+        const int32_t first = d.Position(i) - p.sliding_window + 1;
+        visible.erase(
+            visible.begin(),
+            visible.begin() + std::clamp<int32_t>(first, 0, static_cast<int32_t>(visible.size())));
+      }
       for (int32_t h = 0; h < p.qo_heads; ++h) {
         const int32_t kvh = h / group;
         const float* qh = &d.q[(static_cast<size_t>(i) * p.qo_heads + h) * hd];
@@ -187,6 +203,7 @@ Result RunKernel(const Problem& p, const std::vector<RequestData>& data, uint32_
   std::vector<int32_t> tables;
   std::vector<uint64_t> words;
   std::vector<float> q, kc(static_cast<size_t>(slots) * row, 0.0f), vc(kc.size(), 0.0f);
+  std::vector<int32_t> positions;
   int32_t token = 0, block = 0;
   for (const RequestData& d : data) {
     kernels::TreeAttentionRequest r;
@@ -211,6 +228,7 @@ Result RunKernel(const Problem& p, const std::vector<RequestData>& data, uint32_
       std::copy_n(&d.v[pos * row], row, &vc[static_cast<size_t>(slot) * row]);
     }
     q.insert(q.end(), d.q.begin(), d.q.end());
+    for (int32_t i = 0; i < d.spec.tokens; ++i) positions.push_back(d.Position(i));
     reqs.push_back(r);
     token += d.spec.tokens;
   }
@@ -231,7 +249,7 @@ Result RunKernel(const Problem& p, const std::vector<RequestData>& data, uint32_
 
   const size_t out_elems = q.size();
   DeviceArray<uint8_t> dq(Encode(p.type, q)), dk(Encode(p.type, kc)), dv(Encode(p.type, vc));
-  DeviceArray<int32_t> dtables(tables), dtreq(plan->token_request);
+  DeviceArray<int32_t> dtables(tables), dtreq(plan->token_request), dpos(positions);
   DeviceArray<uint64_t> dwords(words.empty() ? std::vector<uint64_t>{0} : words);
   std::vector<uint8_t> req_bytes(reqs.size() * sizeof(reqs[0]));
   std::memcpy(req_bytes.data(), reqs.data(), req_bytes.size());
@@ -266,6 +284,8 @@ Result RunKernel(const Problem& p, const std::vector<RequestData>& data, uint32_
   kp.max_window = plan->max_window;
   kp.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   kp.any_split = plan->any_split;
+  kp.sliding_window = p.sliding_window;
+  kp.positions = dpos.get();
   const cudaError_t err = kernels::LaunchTreeAttention(kp, p.type, out_float, nullptr);
   EXPECT_EQ(err, cudaSuccess) << cudaGetErrorString(err);
   const std::vector<uint8_t> raw = dout.Download();
@@ -576,6 +596,85 @@ TEST(CudaTreeAttention, TreeNodeEqualsItsPathDecodedOneByOne) {
                                std::to_string(static_cast<int>(type)));
         }
       }
+    }
+  }
+}
+
+// Sliding windows (Mistral, Gemma): each token sees only the last W keys of its virtual sequence
+// (its position less W plus one onwards), on both kernels (float32: CUDA cores; fp16/bf16 with
+// head_dim 64: tensor cores; fp16 head_dim 32: CUDA cores), for decode, causal chunks, chains
+// and trees in one batch, windows narrower than a tile, straddling tiles and wider than the
+// prefix, unsplit and in fixed chunks of 64 (whole chunks masked for some rows).
+TEST(CudaTreeAttention, SlidingWindowMatchesReference) {
+  uint32_t seed = 900;
+  const struct {
+    AttnType type;
+    int32_t hd;
+  } kinds[] = {
+      {AttnType::kF32, 64}, {AttnType::kF16, 64}, {AttnType::kBF16, 64}, {AttnType::kF16, 32}};
+  for (const auto& kind : kinds) {
+    for (int32_t window : {1, 7, 33, 100, 500}) {
+      for (int32_t fixed : {0, 64}) {
+        Problem p;
+        p.qo_heads = 6;
+        p.kv_heads = 2;
+        p.head_dim = kind.hd;
+        p.type = kind.type;
+        p.sliding_window = window;
+        p.reqs = {{1, 300, 0, Shape::kRandomTree},
+                  {45, 100, 0, Shape::kCausal},
+                  {9, 60, 3, Shape::kRandomTree},
+                  {7, 20, 0, Shape::kChain}};
+        const Result r = RunCase(p, ++seed, fixed ? 1 << 22 : 0, fixed);
+        const double tol = Tolerance(p.type, true);
+        EXPECT_ALL_CLOSE(r.got, r.want, tol, tol,
+                         "window " + std::to_string(window) + " chunk " + std::to_string(fixed) +
+                             " " + Describe(p));
+      }
+    }
+  }
+}
+
+// With a sliding window a tree node still gets bit for bit what decoding its path one token at a
+// time gets (the window cuts both at the same key).
+TEST(CudaTreeAttention, SlidingWindowTreeNodeEqualsItsPathDecoded) {
+  for (AttnType type : {AttnType::kF32, AttnType::kF16}) {
+    Problem p;
+    p.qo_heads = 9;
+    p.kv_heads = 3;
+    p.head_dim = 64;
+    p.type = type;
+    p.sliding_window = 70;
+    p.reqs = {{16, 150, 0, Shape::kRandomTree}};
+    const RequestData tree = MakeAll(p, 31)[0];
+    const size_t row = static_cast<size_t>(p.kv_heads) * p.head_dim;
+    const size_t qrow = static_cast<size_t>(p.qo_heads) * p.head_dim;
+    const int32_t prefix = p.reqs[0].prefix;
+    const Result whole = RunKernel(p, {tree}, 3, 0, 0, true);
+    for (int32_t i = 0; i < 16; ++i) {
+      RequestData path;
+      path.k.assign(tree.k.begin(), tree.k.begin() + prefix * row);
+      path.v.assign(tree.v.begin(), tree.v.begin() + prefix * row);
+      int32_t seen = 0;
+      for (int32_t j = 0; j < 16; ++j) {
+        if (!tree.mask.Get(i, j)) continue;
+        path.k.insert(path.k.end(), tree.k.begin() + (prefix + j) * row,
+                      tree.k.begin() + (prefix + j + 1) * row);
+        path.v.insert(path.v.end(), tree.v.begin() + (prefix + j) * row,
+                      tree.v.begin() + (prefix + j + 1) * row);
+        ++seen;
+      }
+      path.spec = {1, prefix + seen - 1, 0, Shape::kCausal};
+      path.mask = TreeMask::Causal(1);
+      path.q.assign(tree.q.begin() + i * qrow, tree.q.begin() + (i + 1) * qrow);
+      Problem one = p;
+      one.reqs = {path.spec};
+      const Result alone = RunKernel(one, {path}, 9 + i, 0, 0, true);
+      const std::vector<float> node(whole.got.begin() + i * qrow,
+                                    whole.got.begin() + (i + 1) * qrow);
+      EXPECT_ALL_CLOSE(
+          alone.got, node, 0.0, 0.0,
+          "node " + std::to_string(i) + " type " + std::to_string(static_cast<int>(type)));
     }
   }
 }

@@ -369,9 +369,11 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   if (o.max_batch_tokens <= 0) return InvalidArgumentError("max_batch_tokens must be positive");
   if (c.head_dim > kernels::kTreeAttnMaxHeadDim)
     return UnimplementedError("the CUDA backend supports head_dim <= 256");
-  // Of the switches of the other decoder families, QK-norm (Qwen3's only one) is implemented.
+  // Of the switches of the other decoder families, QK-norm (Qwen3's only one) and sliding-window
+  // attention (Mistral's) are implemented.
   std::vector<std::string> missing = c.ExtendedFeatures();
   std::erase(missing, std::string("qk_norm"));
+  std::erase(missing, std::string("sliding_window"));
   if (!missing.empty()) {
     std::string names;
     for (const std::string& s : missing) names += (names.empty() ? "" : ", ") + s;
@@ -880,6 +882,10 @@ struct PieceOps {
   Status Attend(int32_t li) {
     attn.k_cache = im.k_cache + li * im.KvLayerBytes();
     attn.v_cache = im.v_cache + li * im.KvLayerBytes();
+    // Sliding-window layers (Mistral: all of them) see the last sliding_window positions.
+    attn.sliding_window = c.IsSlidingLayer(static_cast<int32_t>(im.layer_range.begin) + li)
+                              ? c.sliding_window
+                              : 0;
     return Check(kernels::LaunchTreeAttention(attn, im.kv_type, /*out_float=*/true, im.stream),
                  "tree attention");
   }
@@ -1254,6 +1260,7 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
   ap_params.max_window = ap.max_window;
   ap_params.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   ap_params.any_split = ap.any_split;
+  ap_params.positions = ops.d_pos;
 
   const auto program = [&] {
     return RunLlamaProgram(ops, static_cast<int32_t>(layer_range.count));

@@ -5,7 +5,8 @@
 // What is supported:
 //   - the whole Llama/Qwen2/Qwen3 forward pass of a ForwardBatch (decode, causal prefill chunks
 //     and token-tree verification of many sequences at once): embedding gather, RMSNorm, Q/K/V/O
-//     and SwiGLU projections (+ Qwen2 biases, Qwen3's per-head QK-norm), RoPE in both pairings (interleaved and half) with the
+//     and SwiGLU projections (+ Qwen2 biases, Qwen3's per-head QK-norm), sliding-window layers
+//     (Mistral), RoPE in both pairings (interleaved and half) with the
 //     host's scaled frequencies, the fused tree-attention kernel over the paged KV cache
 //     (packed-bit masks, grouped-query attention, split KV for long contexts), final norm and
 //     classifier for the requested logit rows;
