@@ -21,6 +21,23 @@ __global__ void SwiGluKernel(float* gate, const float* __restrict__ up, int64_t 
   }
 }
 
+__global__ void GeGluTanhKernel(float* gate, const float* __restrict__ up, int64_t n) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    const float cube = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, g), g), g);
+    const float t = tanhf(__fmul_rn(kSqrt2OverPi, __fadd_rn(g, cube)));
+    gate[i] = __fmul_rn(__fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, t)), up[i]);
+  }
+}
+
+__global__ void ScaleKernel(float* x, float s, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = __fmul_rn(x[i], s);
+}
+
 __global__ void AddBiasKernel(float* y, const float* __restrict__ b, int64_t total, int64_t dim) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -46,6 +63,18 @@ cudaError_t Cast(const float* in, T* out, int64_t n, cudaStream_t stream) {
 cudaError_t LaunchSwiGlu(float* gate, const float* up, int64_t n, cudaStream_t stream) {
   if (n <= 0) return cudaErrorInvalidValue;
   SPECINFER_LAUNCH(Blocks(n), kThreads, 0, stream, SwiGluKernel)(gate, up, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchGeGluTanh(float* gate, const float* up, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return cudaErrorInvalidValue;
+  SPECINFER_LAUNCH(Blocks(n), kThreads, 0, stream, GeGluTanhKernel)(gate, up, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchScale(float* x, float s, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return cudaErrorInvalidValue;
+  SPECINFER_LAUNCH(Blocks(n), kThreads, 0, stream, ScaleKernel)(x, s, n);
   return cudaGetLastError();
 }
 

@@ -130,12 +130,15 @@ TEST(CudaRunner, RandomModelsMatchCpu) {
 
 // The decoder families the GPU runs, as transformers wrote them (tests/data/arch: Llama 3's RoPE
 // scaling, Qwen2's q/k/v biases, Qwen3's QK-norm, q_dim != dim, Mistral's sliding window of 5
-// positions over a 12-token prompt), through the Hugging Face loader
-// and Qwen3 also as GGUF: prompt logits at every position within 1e-4 * max|reference| + 1e-5
-// of transformers' (as tests/model/arch_reference_test.cc asks of the CPU), and decoding the
+// positions over a 12-token prompt, Gemma 3's GELU, embedding and attention scales, post-norms,
+// QK-norm and sliding layers with their own RoPE base), through the Hugging Face loader
+// and Qwen3 and Gemma 3 also as GGUF: prompt logits at every position within
+// 1e-4 * max|reference| + 1e-5 of transformers' (as tests/model/arch_reference_test.cc asks of
+// the CPU), and decoding the
 // same tokens one at a time gives the prompt pass's logits bit for bit.
 TEST(CudaRunner, HfFamiliesMatchTransformersAndDecodeAsTheyPrefill) {
-  for (const std::string family : {"llama3", "qwen2", "qwen3", "qwen3.gguf", "mistral"}) {
+  for (const std::string family :
+       {"llama3", "qwen2", "qwen3", "qwen3.gguf", "mistral", "gemma3", "gemma3.gguf"}) {
     const std::string dir = testing::SourcePath("tests/data/arch/" + family.substr(0, family.find('.')));
     StatusOr<std::unique_ptr<Model>> m = family.ends_with(".gguf")
                                              ? LoadModel(dir + "/model.gguf")
@@ -967,10 +970,10 @@ namespace specinfer {
 namespace {
 
 // What the CUDA backend does not implement is refused by name when the runner is created, never
-// computed wrongly: the Gemma switches of the layer program, and a weight type it
+// computed wrongly: Gemma 2's soft-capping, and a weight type it
 // has no kernels for (Q8_K, the K-quants' activation type, which no model file holds).
 TEST(CudaRunner, UnsupportedArchitecturesAndTypesAreRefused) {
-  for (const char* name : {"gemma3", "gemma2"}) {
+  for (const char* name : {"gemma2"}) {
     auto m = ModelFromHfDirectory(testing::SourcePath(std::string("tests/data/arch/") + name));
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     CudaRunnerOptions o;
@@ -979,10 +982,8 @@ TEST(CudaRunner, UnsupportedArchitecturesAndTypesAreRefused) {
     ASSERT_FALSE(r.ok()) << name;
     EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented) << r.status().ToString();
     // Each names what it needs and the GPU lacks (Gemma 3's QK-norm is there, its others not).
-    EXPECT_NE(r.status().ToString().find(name == std::string("gemma2") ? "softcap" : "post_norms"),
-              std::string::npos)
-        << r.status().ToString();
-    for (const char* done : {"qk_norm", "sliding_window"})
+    EXPECT_NE(r.status().ToString().find("softcap"), std::string::npos) << r.status().ToString();
+    for (const char* done : {"qk_norm", "sliding_window", "post_norms", "gelu_tanh"})
       EXPECT_EQ(r.status().ToString().find(done), std::string::npos) << r.status().ToString();
   }
   // A plain Llama whose wq is Q8_K.

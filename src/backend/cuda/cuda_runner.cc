@@ -86,6 +86,7 @@ struct DeviceLayer {
   const float* ffn_norm = nullptr;
   const float *bq = nullptr, *bk = nullptr, *bv = nullptr;
   const float *q_norm = nullptr, *k_norm = nullptr;  // [head_dim] each, with qk_norm
+  const float *post_attn_norm = nullptr, *post_ffn_norm = nullptr;  // [dim] each, post_norms
   DeviceMatrix wq, wk, wv, wo, w_gate, w_down, w_up;
 };
 
@@ -140,10 +141,14 @@ struct CudaModelRunner::Impl {
   std::vector<DeviceLayer> layers;
   int64_t max_quantized_elems = 0;  // largest quantised matrix (fp16 scratch for cuBLAS)
 
-  // RoPE tables: the CPU's values.
-  const float* rope_cos = nullptr;
-  const float* rope_sin = nullptr;
-  const float* inv_freq = nullptr;
+  // RoPE tables: the CPU's values; rope_local those of the sliding-window layers where they have
+  // a base of their own (Gemma 3's rope_local_base_freq), else the same as rope.
+  struct RopeTables {
+    const float* cos = nullptr;   // [rope_max_pos, head_dim / 2]
+    const float* sin = nullptr;   // [rope_max_pos, head_dim / 2]
+    const float* inv_freq = nullptr;  // [head_dim / 2]
+  };
+  RopeTables rope, rope_local;
   int32_t rope_max_pos = 0;
 
   // KV cache [layer][slot][kv_dim] for K and for V.
@@ -369,11 +374,12 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   if (o.max_batch_tokens <= 0) return InvalidArgumentError("max_batch_tokens must be positive");
   if (c.head_dim > kernels::kTreeAttnMaxHeadDim)
     return UnimplementedError("the CUDA backend supports head_dim <= 256");
-  // Of the switches of the other decoder families, QK-norm (Qwen3's only one) and sliding-window
-  // attention (Mistral's) are implemented.
+  // Of the switches of the other decoder families, all but Gemma 2's soft-capping are
+  // implemented: Qwen3's QK-norm, Mistral's sliding window, and Gemma 3's set.
   std::vector<std::string> missing = c.ExtendedFeatures();
-  std::erase(missing, std::string("qk_norm"));
-  std::erase(missing, std::string("sliding_window"));
+  for (const char* done : {"qk_norm", "sliding_window", "gelu_tanh", "embedding_scale",
+                           "post_norms", "attention_scale", "rope_theta_local"})
+    std::erase(missing, std::string(done));
   if (!missing.empty()) {
     std::string names;
     for (const std::string& s : missing) names += (names.empty() ? "" : ", ") + s;
@@ -480,6 +486,10 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
       vecs.push_back({hl ? slice(hl->bk, kv_cols) : nullptr, kv_local, 0.0f, &dl.bk});
       vecs.push_back({hl ? slice(hl->bv, kv_cols) : nullptr, kv_local, 0.0f, &dl.bv});
     }
+    if (c.post_norms) {  // applied to whole rows (after the all-gather): every share holds them
+      vecs.push_back({hl ? hl->post_attn_norm.data : nullptr, dim, 1.0f, &dl.post_attn_norm});
+      vecs.push_back({hl ? hl->post_ffn_norm.data : nullptr, dim, 1.0f, &dl.post_ffn_norm});
+    }
     if (c.qk_norm) {  // one gain vector per layer for every head: each share holds it whole
       vecs.push_back({hl ? hl->q_norm.data : nullptr, c.head_dim, 1.0f, &dl.q_norm});
       vecs.push_back({hl ? hl->k_norm.data : nullptr, c.head_dim, 1.0f, &dl.k_norm});
@@ -519,12 +529,22 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
     if (!random && v.host == nullptr) return InvalidArgumentError("model is missing a norm/bias");
     v.offset = warena.Add(v.size * 4);
   }
-  const std::vector<float> inv = RopeInvFrequencies(c);
   const int32_t half = c.head_dim / 2;
   rope_max_pos = std::min(c.max_seq_len, 1 << 16);
-  const int64_t rope_cos_off = warena.Add(int64_t{4} * rope_max_pos * half);
-  const int64_t rope_sin_off = warena.Add(int64_t{4} * rope_max_pos * half);
-  const int64_t inv_off = warena.Add(int64_t{4} * half);
+  struct RopeSlot {
+    std::vector<float> inv;
+    int64_t cos_off, sin_off, inv_off;
+    RopeTables* target;
+  };
+  std::vector<RopeSlot> rope_slots;
+  auto add_rope = [&](std::vector<float> inv, RopeTables* target) {
+    const int64_t cos_off = warena.Add(int64_t{4} * rope_max_pos * half);
+    const int64_t sin_off = warena.Add(int64_t{4} * rope_max_pos * half);
+    const int64_t inv_off = warena.Add(int64_t{4} * half);
+    rope_slots.push_back({std::move(inv), cos_off, sin_off, inv_off, target});
+  };
+  add_rope(RopeInvFrequencies(c), &rope);
+  if (c.rope_theta_local != 0.0f) add_rope(RopeInvFrequenciesLocal(c), &rope_local);
   plan.weights = warena.size;
 
   // --- KV cache ---
@@ -647,28 +667,29 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
           "norm upload"));
     }
   }
-  {
+  for (const RopeSlot& r : rope_slots) {
     // Exactly cpu::RopeTable's values (float angle, std::cos/std::sin in float).
     std::vector<float> cs(static_cast<size_t>(rope_max_pos) * half), sn(cs.size());
     for (int32_t p = 0; p < rope_max_pos; ++p)
       for (int32_t i = 0; i < half; ++i) {
-        const float angle = static_cast<float>(p) * inv[static_cast<size_t>(i)];
+        const float angle = static_cast<float>(p) * r.inv[static_cast<size_t>(i)];
         cs[static_cast<size_t>(p) * half + i] = std::cos(angle);
         sn[static_cast<size_t>(p) * half + i] = std::sin(angle);
       }
     SI_RETURN_IF_ERROR(
-        CudaStatus(cudaMemcpy(wb + rope_cos_off, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice),
+        CudaStatus(cudaMemcpy(wb + r.cos_off, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice),
                    "rope upload"));
     SI_RETURN_IF_ERROR(
-        CudaStatus(cudaMemcpy(wb + rope_sin_off, sn.data(), sn.size() * 4, cudaMemcpyHostToDevice),
+        CudaStatus(cudaMemcpy(wb + r.sin_off, sn.data(), sn.size() * 4, cudaMemcpyHostToDevice),
                    "rope upload"));
-    SI_RETURN_IF_ERROR(
-        CudaStatus(cudaMemcpy(wb + inv_off, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice),
-                   "rope upload"));
-    rope_cos = reinterpret_cast<const float*>(wb + rope_cos_off);
-    rope_sin = reinterpret_cast<const float*>(wb + rope_sin_off);
-    inv_freq = reinterpret_cast<const float*>(wb + inv_off);
+    SI_RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpy(wb + r.inv_off, r.inv.data(), r.inv.size() * 4, cudaMemcpyHostToDevice),
+        "rope upload"));
+    r.target->cos = reinterpret_cast<const float*>(wb + r.cos_off);
+    r.target->sin = reinterpret_cast<const float*>(wb + r.sin_off);
+    r.target->inv_freq = reinterpret_cast<const float*>(wb + r.inv_off);
   }
+  if (rope_slots.size() == 1) rope_local = rope;
 
   k_cache = kv_buf.get<uint8_t>();
   v_cache = k_cache + layer_range.count * KvLayerBytes();
@@ -808,9 +829,12 @@ struct PieceOps {
   Status Input() {
     if (im.layout.stage > 0)
       return im.group->RecvFromPrevStage(im.x, static_cast<size_t>(np) * c.dim, im.stream);
-    return Check(kernels::LaunchDequantizeRows(im.emb.type, im.emb.data, im.emb.rows, c.dim,
-                                               d_tokens, np, im.x, im.stream),
-                 "embedding");
+    SI_RETURN_IF_ERROR(Check(kernels::LaunchDequantizeRows(im.emb.type, im.emb.data, im.emb.rows,
+                                                           c.dim, d_tokens, np, im.x, im.stream),
+                             "embedding"));
+    if (c.embedding_scale == 1.0f) return Status::Ok();
+    return Check(kernels::LaunchScale(im.x, c.embedding_scale, int64_t{np} * c.dim, im.stream),
+                 "embedding scale");
   }
   Status Norm(int32_t li, LlamaNorm which) {
     const DeviceLayer& l = im.layers[static_cast<size_t>(li)];
@@ -846,9 +870,11 @@ struct PieceOps {
   // RoPE on q and k, k and v appended to the layer's cache slots, and q cast to a 16-bit cache's
   // type for the attention kernel.
   Status RopeAndStoreKv(int32_t li) {
+    const Impl::RopeTables& rope =
+        c.IsSlidingLayer(static_cast<int32_t>(im.layer_range.begin) + li) ? im.rope_local : im.rope;
     SI_RETURN_IF_ERROR(
-        Check(kernels::LaunchRope(im.q, im.hq, im.k, im.hk, c.head_dim, d_pos, np, im.rope_cos,
-                                  im.rope_sin, im.rope_max_pos, im.inv_freq, rope_mode, im.stream),
+        Check(kernels::LaunchRope(im.q, im.hq, im.k, im.hk, c.head_dim, d_pos, np, rope.cos,
+                                  rope.sin, im.rope_max_pos, rope.inv_freq, rope_mode, im.stream),
               "rope"));
     uint8_t* kl = im.k_cache + li * im.KvLayerBytes();
     uint8_t* vl = im.v_cache + li * im.KvLayerBytes();
@@ -889,12 +915,16 @@ struct PieceOps {
     return Check(kernels::LaunchTreeAttention(attn, im.kv_type, /*out_float=*/true, im.stream),
                  "tree attention");
   }
-  Status ProjectOutAdd(int32_t li) {  // x += att W_o^T
-    const DeviceMatrix& wo = im.layers[static_cast<size_t>(li)].wo;
-    if (im.layout.tp_size == 1) return im.Matmul(wo, im.att, np, im.x, 1.0f, use_cublas);
+  Status ProjectOutAdd(int32_t li) {  // x += att W_o^T (normed first with post-norms)
+    const DeviceLayer& l = im.layers[static_cast<size_t>(li)];
+    if (im.layout.tp_size == 1) {
+      if (l.post_attn_norm == nullptr) return im.Matmul(l.wo, im.att, np, im.x, 1.0f, use_cublas);
+      SI_RETURN_IF_ERROR(im.Matmul(l.wo, im.att, np, im.xb, 0.0f, use_cublas));
+      return NormAndAdd(l.post_attn_norm);
+    }
     SI_RETURN_IF_ERROR(im.Gather(im.att, np, im.q_cols, im.att_full));
-    SI_RETURN_IF_ERROR(im.Matmul(wo, im.att_full, np, im.part, 0.0f, use_cublas));
-    return GatherAndAdd();
+    SI_RETURN_IF_ERROR(im.Matmul(l.wo, im.att_full, np, im.part, 0.0f, use_cublas));
+    return GatherAndAdd(l.post_attn_norm);
   }
   Status ProjectGateUp(int32_t li) {
     const DeviceLayer& l = im.layers[static_cast<size_t>(li)];
@@ -902,19 +932,35 @@ struct PieceOps {
     return im.Matmul(l.w_up, im.xb, np, im.up, 0.0f, use_cublas);
   }
   Status SwiGlu() {
-    return Check(kernels::LaunchSwiGlu(im.gate, im.up, int64_t{np} * im.hidden_local, im.stream),
-                 "swiglu");
+    const int64_t n = int64_t{np} * im.hidden_local;
+    if (c.ffn_activation == FfnActivation::kGeluTanh)
+      return Check(kernels::LaunchGeGluTanh(im.gate, im.up, n, im.stream), "geglu");
+    return Check(kernels::LaunchSwiGlu(im.gate, im.up, n, im.stream), "swiglu");
   }
-  Status ProjectDownAdd(int32_t li) {  // x += ffn
-    const DeviceMatrix& wd = im.layers[static_cast<size_t>(li)].w_down;
-    if (im.layout.tp_size == 1) return im.Matmul(wd, im.gate, np, im.x, 1.0f, use_cublas);
+  Status ProjectDownAdd(int32_t li) {  // x += ffn (normed first with post-norms)
+    const DeviceLayer& l = im.layers[static_cast<size_t>(li)];
+    if (im.layout.tp_size == 1) {
+      if (l.post_ffn_norm == nullptr)
+        return im.Matmul(l.w_down, im.gate, np, im.x, 1.0f, use_cublas);
+      SI_RETURN_IF_ERROR(im.Matmul(l.w_down, im.gate, np, im.xb, 0.0f, use_cublas));
+      return NormAndAdd(l.post_ffn_norm);
+    }
     SI_RETURN_IF_ERROR(im.Gather(im.gate, np, im.hidden_rows, im.ffn_full));
-    SI_RETURN_IF_ERROR(im.Matmul(wd, im.ffn_full, np, im.part, 0.0f, use_cublas));
-    return GatherAndAdd();
+    SI_RETURN_IF_ERROR(im.Matmul(l.w_down, im.ffn_full, np, im.part, 0.0f, use_cublas));
+    return GatherAndAdd(l.post_ffn_norm);
   }
-  // TP > 1: xb = all-gather of this rank's rows of a dim-wide product; x += xb.
-  Status GatherAndAdd() {
+  // TP > 1: xb = all-gather of this rank's rows of a dim-wide product; then NormAndAdd.
+  Status GatherAndAdd(const float* post_norm) {
     SI_RETURN_IF_ERROR(im.Gather(im.part, np, im.dim_rows, im.xb));
+    return NormAndAdd(post_norm);
+  }
+  // x += xb, xb RMS-normed first (in place) where the model has post-norms (Gemma 2/3).
+  Status NormAndAdd(const float* post_norm) {
+    if (post_norm != nullptr)
+      SI_RETURN_IF_ERROR(Check(kernels::LaunchRmsNorm(im.xb, post_norm, im.xb, np,
+                                                      static_cast<int>(c.dim), c.norm_eps,
+                                                      im.stream),
+                               "post-norm"));
     return Check(kernels::LaunchAddBias(im.x, im.xb, 1, int64_t{np} * c.dim, im.stream),
                  "residual add");
   }
@@ -1258,7 +1304,7 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
   ap_params.kv_chunk = ap.kv_chunk;
   ap_params.rows_per_item = ap.rows_per_item;
   ap_params.max_window = ap.max_window;
-  ap_params.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  ap_params.scale = c.AttentionScale();  // 1 / sqrt(head_dim) unless the model says otherwise
   ap_params.any_split = ap.any_split;
   ap_params.positions = ops.d_pos;
 

@@ -3,10 +3,11 @@
 // run unchanged on it.
 //
 // What is supported:
-//   - the whole Llama/Qwen2/Qwen3 forward pass of a ForwardBatch (decode, causal prefill chunks
-//     and token-tree verification of many sequences at once): embedding gather, RMSNorm, Q/K/V/O
-//     and SwiGLU projections (+ Qwen2 biases, Qwen3's per-head QK-norm), sliding-window layers
-//     (Mistral), RoPE in both pairings (interleaved and half) with the
+//   - the whole Llama/Qwen2/Qwen3/Mistral/Gemma 3 forward pass of a ForwardBatch (decode, causal
+//     prefill chunks and token-tree verification of many sequences at once): embedding gather
+//     (+ Gemma's scale), RMSNorm, Q/K/V/O and SwiGLU/GeGLU projections (+ Qwen2 biases, per-head
+//     QK-norm, Gemma's post-norms and attention scale), sliding-window layers (with Gemma 3's
+//     local RoPE base), RoPE in both pairings (interleaved and half) with the
 //     host's scaled frequencies, the fused tree-attention kernel over the paged KV cache
 //     (packed-bit masks, grouped-query attention, split KV for long contexts), final norm and
 //     classifier for the requested logit rows;
@@ -55,7 +56,7 @@
 //   - a sampled token tree's distributions computed on the device (ForwardBatch::dist_rows):
 //     multi-step speculative sampling on the host gets each node's kept tokens and their
 //     probabilities, not its logits.
-// Not done: rows of
+// Not done: Gemma 2's soft-capping (refused naming it); rows of
 // requests that read logits (logprobs) come back as logits. Numerics
 // against the CPU backend (float32 weights and KV): products and attention differ only in summation
 // order (relative differences ~1e-6 on logits), RoPE tables are the CPU's. Within the GPU,
