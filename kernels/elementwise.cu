@@ -38,6 +38,12 @@ __global__ void ScaleKernel(float* x, float s, int64_t n) {
     x[i] = __fmul_rn(x[i], s);
 }
 
+__global__ void SoftCapKernel(float* x, float cap, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = __fmul_rn(cap, tanhf(__fdiv_rn(x[i], cap)));
+}
+
 __global__ void AddBiasKernel(float* y, const float* __restrict__ b, int64_t total, int64_t dim) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -75,6 +81,12 @@ cudaError_t LaunchGeGluTanh(float* gate, const float* up, int64_t n, cudaStream_
 cudaError_t LaunchScale(float* x, float s, int64_t n, cudaStream_t stream) {
   if (n <= 0) return cudaErrorInvalidValue;
   SPECINFER_LAUNCH(Blocks(n), kThreads, 0, stream, ScaleKernel)(x, s, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSoftCap(float* x, float cap, int64_t n, cudaStream_t stream) {
+  if (n <= 0 || !(cap > 0.0f)) return cudaErrorInvalidValue;
+  SPECINFER_LAUNCH(Blocks(n), kThreads, 0, stream, SoftCapKernel)(x, cap, n);
   return cudaGetLastError();
 }
 

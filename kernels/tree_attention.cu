@@ -204,6 +204,7 @@ __global__ void __launch_bounds__(kThreads, (MinBlocks<T, kDMax>()))
   const T* kc = static_cast<const T*>(p.k_cache);
   const T* vc = static_cast<const T*>(p.v_cache);
   const float qscale = p.scale * kLog2e;
+  const float cap_log2 = p.softcap * kLog2e;
   const int32_t c0 = wi.chunk * p.kv_chunk;
 
   // Queries of the block's rows (row = i * group + g: token i, head kvh * group + g), scaled,
@@ -377,7 +378,8 @@ __global__ void __launch_bounds__(kThreads, (MinBlocks<T, kDMax>()))
             sc[u] = __fadd_rn(sc[u], __shfl_xor_sync(kFull, sc[u], 2));
           if (part == 0) {
 #pragma unroll
-            for (int u = 0; u < kScoreRows; ++u) s_s[(r0 + u) * kTile + key] = sc[u];
+            for (int u = 0; u < kScoreRows; ++u)
+              s_s[(r0 + u) * kTile + key] = SoftCapLog2(sc[u], cap_log2);
           }
         }
       }
@@ -465,7 +467,8 @@ __global__ void __launch_bounds__(kThreads, (MinBlocks<T, kDMax>()))
 #pragma unroll
           for (int pp = 0; pp < kParts; ++pp)
             part[pp] = DotPartGlobal<T, kDMax>(qr, krow, hd, vec_loads, pp);
-          sc = __fadd_rn(__fadd_rn(part[0], part[1]), __fadd_rn(part[2], part[3]));
+          sc = SoftCapLog2(__fadd_rn(__fadd_rn(part[0], part[1]), __fadd_rn(part[2], part[3])),
+                           cap_log2);
         }
         float cj;
         const float pk = RowTileSoftmax(sc, visible, m[j], l[j], cj);

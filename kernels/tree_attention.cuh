@@ -15,6 +15,9 @@
 // key is its position (the committed prefix, then the window entries by depth, as the engine
 // lays out trees), so this is ModelConfig::sliding_window's rule, the CPU's (cpu::AttendKvHead):
 // keys at positions p with P - p < W.
+// Soft-capping (params.softcap = cap > 0, Gemma 2): every score s = scale q.k becomes
+// cap tanh(s / cap) before the softmax (computed in the kernels' base-2 units: the same function
+// of s, rounded differently from the CPU's by tanhf).
 // Layout: q [num_tokens, qo_heads, head_dim] T; k_cache, v_cache (one layer)
 //   [num_slots, kv_heads, head_dim] T; out [num_tokens, qo_heads, head_dim] OutT; T is float32,
 //   fp16 or bf16 and OutT float32 or T. All arithmetic in float32 with an online softmax
@@ -132,6 +135,7 @@ struct TreeAttentionParams {
   // This layer's sliding window (0: none) and, with one, each token's rotary position.
   int32_t sliding_window = 0;
   const int32_t* positions = nullptr;  // device [num_tokens]
+  float softcap = 0.0f;                // attention soft-capping (0: none)
 };
 
 // Runs the attention (and the merge when any_split). in_type is T; out_float selects OutT =

@@ -140,8 +140,8 @@ template <typename T, int kD, int kSplit>
 __device__ __forceinline__ void WarpTile(const T* q_w, const T* k_t, const T* v_t,
                                          const RowMap& map, int32_t k0, int32_t nk,
                                          const int32_t (&begin)[2], const int32_t (&end)[2],
-                                         const bool (&active)[2], float qscale, int dim_part,
-                                         RowState<kD, kSplit>& st) {
+                                         const bool (&active)[2], float qscale, float cap_log2,
+                                         int dim_part, RowState<kD, kSplit>& st) {
   using L = MmaLayout<kD>;
   using P = PTraits<T>;
   const int lane = threadIdx.x % 32, q = lane % 4;
@@ -183,7 +183,7 @@ __device__ __forceinline__ void WarpTile(const T* q_w, const T* k_t, const T* v_
       const int h = e / 2;
       const int32_t key = k0 + 8 * n + 2 * q + (e & 1);
       const bool vis = active[h] && key < end[h] && key >= begin[h];
-      s[n][e] = vis ? __fmul_rn(s[n][e], qscale) : -INFINITY;
+      s[n][e] = vis ? SoftCapLog2(__fmul_rn(s[n][e], qscale), cap_log2) : -INFINITY;
       tmax[h] = fmaxf(tmax[h], s[n][e]);
     }
 #pragma unroll
@@ -276,6 +276,7 @@ __device__ __forceinline__ void AttendItem(const TreeAttentionParams& p,
   const T* kc = static_cast<const T*>(p.k_cache);
   const T* vc = static_cast<const T*>(p.v_cache);
   const float qscale = p.scale * kLog2e;
+  const float cap_log2 = p.softcap * kLog2e;  // soft-capping in base-2 units (0: none)
   const int32_t c0 = wi.chunk * p.kv_chunk;
 
   // Query rows (row = i * group + g: token i, head kvh * group + g), zero past the last row.
@@ -362,7 +363,8 @@ __device__ __forceinline__ void AttendItem(const TreeAttentionParams& p,
     if (warp_end > k0) {
       const T* ks = stage_k(t);
       WarpTile<T, kD, kSplit>(q_w, ks, ks + kTile * L::kStride, identity, k0,
-                              min(kTile, warp_end - k0), begin, end, active, qscale, dim_part, st);
+                              min(kTile, warp_end - k0), begin, end, active, qscale, cap_log2,
+                              dim_part, st);
     }
   }
   CpAsyncWait<0>();
@@ -425,10 +427,10 @@ __device__ __forceinline__ void AttendItem(const TreeAttentionParams& p,
         const int32_t nk = min(kTile, e - k0);
         if (pooled) {
           WarpTile<T, kD, kSplit>(q_w, pool_k, pool_v, SharedMap(map_w), k0, nk, begin, end, active,
-                                  qscale, dim_part, st);
+                                  qscale, cap_log2, dim_part, st);
         } else {
           WarpTile<T, kD, kSplit>(q_w, own_k, own_v, identity, k0, nk, begin, end, active, qscale,
-                                  dim_part, st);
+                                  cap_log2, dim_part, st);
         }
       }
     }

@@ -53,6 +53,13 @@ __device__ __forceinline__ int32_t RowEnd(const TreeAttentionParams& p,
   return min(rq.kv_prefix + VisibleWindow(rq, p.mask_words, i), (wi.chunk + 1) * p.kv_chunk);
 }
 
+// Soft-capping in the kernels' base-2 score units (s = log2(e) x the natural score):
+// cap tanh(x / cap) of the natural score x is C tanh(s / C) with C = cap log2(e). cap_log2 = C,
+// or 0 for none.
+__device__ __forceinline__ float SoftCapLog2(float s, float cap_log2) {
+  return cap_log2 > 0.0f ? __fmul_rn(cap_log2, tanhf(__fdiv_rn(s, cap_log2))) : s;
+}
+
 // Where row r's keys begin (virtual index): 0, or with a sliding window its token's position
 // minus the window plus one (see the header). Keys before it are masked like keys past the end.
 __device__ __forceinline__ int32_t RowBegin(const TreeAttentionParams& p,

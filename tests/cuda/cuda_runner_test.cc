@@ -130,15 +130,16 @@ TEST(CudaRunner, RandomModelsMatchCpu) {
 
 // The decoder families the GPU runs, as transformers wrote them (tests/data/arch: Llama 3's RoPE
 // scaling, Qwen2's q/k/v biases, Qwen3's QK-norm, q_dim != dim, Mistral's sliding window of 5
-// positions over a 12-token prompt, Gemma 3's GELU, embedding and attention scales, post-norms,
-// QK-norm and sliding layers with their own RoPE base), through the Hugging Face loader
+// positions over a 12-token prompt, Gemma 2's soft-capping of scores and logits, Gemma 3's GELU,
+// embedding and attention scales, post-norms, QK-norm and sliding layers with their own RoPE
+// base), through the Hugging Face loader
 // and Qwen3 and Gemma 3 also as GGUF: prompt logits at every position within
 // 1e-4 * max|reference| + 1e-5 of transformers' (as tests/model/arch_reference_test.cc asks of
 // the CPU), and decoding the
 // same tokens one at a time gives the prompt pass's logits bit for bit.
 TEST(CudaRunner, HfFamiliesMatchTransformersAndDecodeAsTheyPrefill) {
   for (const std::string family :
-       {"llama3", "qwen2", "qwen3", "qwen3.gguf", "mistral", "gemma3", "gemma3.gguf"}) {
+       {"llama3", "qwen2", "qwen3", "qwen3.gguf", "mistral", "gemma2", "gemma3", "gemma3.gguf"}) {
     const std::string dir = testing::SourcePath("tests/data/arch/" + family.substr(0, family.find('.')));
     StatusOr<std::unique_ptr<Model>> m = family.ends_with(".gguf")
                                              ? LoadModel(dir + "/model.gguf")
@@ -970,22 +971,10 @@ namespace specinfer {
 namespace {
 
 // What the CUDA backend does not implement is refused by name when the runner is created, never
-// computed wrongly: Gemma 2's soft-capping, and a weight type it
-// has no kernels for (Q8_K, the K-quants' activation type, which no model file holds).
-TEST(CudaRunner, UnsupportedArchitecturesAndTypesAreRefused) {
-  for (const char* name : {"gemma2"}) {
-    auto m = ModelFromHfDirectory(testing::SourcePath(std::string("tests/data/arch/") + name));
-    ASSERT_TRUE(m.ok()) << m.status().ToString();
-    CudaRunnerOptions o;
-    o.num_kv_blocks = 4;
-    auto r = CudaModelRunner::Create(std::shared_ptr<const Model>(std::move(m).value()), o);
-    ASSERT_FALSE(r.ok()) << name;
-    EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented) << r.status().ToString();
-    // Each names what it needs and the GPU lacks (Gemma 3's QK-norm is there, its others not).
-    EXPECT_NE(r.status().ToString().find("softcap"), std::string::npos) << r.status().ToString();
-    for (const char* done : {"qk_norm", "sliding_window", "post_norms", "gelu_tanh"})
-      EXPECT_EQ(r.status().ToString().find(done), std::string::npos) << r.status().ToString();
-  }
+// computed wrongly: a weight type it has no kernels for (Q8_K, the K-quants' activation type,
+// which no model file holds). (Every decoder-family switch of model_config.h runs on the GPU:
+// HfFamiliesMatchTransformersAndDecodeAsTheyPrefill.)
+TEST(CudaRunner, UnsupportedWeightTypesAreRefused) {
   // A plain Llama whose wq is Q8_K.
   auto m = ModelFromHfDirectory(testing::SourcePath("tests/data/arch/llama3"));
   ASSERT_TRUE(m.ok()) << m.status().ToString();

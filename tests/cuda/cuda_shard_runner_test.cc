@@ -439,10 +439,11 @@ TEST(CudaShardRunner, QkvBiasesTp2Pp2MatchOneGpuAndCpu) {
 // Transformers' tiny Qwen3, Mistral and Gemma 3 (tests/data/arch): each Qwen3 share norms its own
 // heads' q and k (QK-norm) with the layer's whole gain vectors (q_dim is twice dim); Mistral's
 // shares attend within its sliding window of 5 positions (the scenario's prompts are longer);
-// Gemma 3's post-norms apply to whole rows after the all-gather.
-TEST(CudaShardRunner, Qwen3MistralGemma3Tp2Pp2MatchOneGpuAndCpu) {
+// Gemma's post-norms apply to whole rows after the all-gather, Gemma 2's final soft-capping to
+// each share's columns.
+TEST(CudaShardRunner, Qwen3MistralGemmaTp2Pp2MatchOneGpuAndCpu) {
   if (!EnoughDevices(4)) GTEST_SKIP() << "needs 4 GPUs, found " << cuda::DeviceCount();
-  for (const char* family : {"qwen3", "mistral", "gemma3"}) {
+  for (const char* family : {"qwen3", "mistral", "gemma2", "gemma3"}) {
     auto m = ModelFromHfDirectory(testing::SourcePath(std::string("tests/data/arch/") + family));
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     std::shared_ptr<const Model> model = std::move(m).value();

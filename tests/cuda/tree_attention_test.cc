@@ -41,6 +41,7 @@ struct Problem {
   AttnType type = AttnType::kF32;
   std::vector<RequestSpec> reqs;
   int32_t sliding_window = 0;  // > 0: TreeAttentionParams::sliding_window
+  float softcap = 0.0f;        // > 0: TreeAttentionParams::softcap
 };
 
 // The tree over window entries (masked earlier ones, then the new tokens): parent of each entry.
@@ -166,6 +167,7 @@ std::vector<double> Reference(const Problem& p, const std::vector<RequestData>& 
           double s = 0;
           for (int32_t e = 0; e < hd; ++e) s += static_cast<double>(qh[e]) * kh[e];
           sc[a] = s * scale;
+          if (p.softcap > 0.0f) sc[a] = p.softcap * std::tanh(sc[a] / p.softcap);
           mx = std::max(mx, sc[a]);
         }
         double sum = 0;
@@ -285,6 +287,7 @@ Result RunKernel(const Problem& p, const std::vector<RequestData>& data, uint32_
   kp.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   kp.any_split = plan->any_split;
   kp.sliding_window = p.sliding_window;
+  kp.softcap = p.softcap;
   kp.positions = dpos.get();
   const cudaError_t err = kernels::LaunchTreeAttention(kp, p.type, out_float, nullptr);
   EXPECT_EQ(err, cudaSuccess) << cudaGetErrorString(err);
@@ -604,7 +607,9 @@ TEST(CudaTreeAttention, TreeNodeEqualsItsPathDecodedOneByOne) {
 // (its position less W plus one onwards), on both kernels (float32: CUDA cores; fp16/bf16 with
 // head_dim 64: tensor cores; fp16 head_dim 32: CUDA cores), for decode, causal chunks, chains
 // and trees in one batch, windows narrower than a tile, straddling tiles and wider than the
-// prefix, unsplit and in fixed chunks of 64 (whole chunks masked for some rows).
+// prefix, unsplit and in fixed chunks of 64 (whole chunks masked for some rows); with the window
+// of 33 also Gemma 2's soft-capping of the scores (cap 1.5: most scores are bent).
+// (Soft-capped scores round differently from the fp64 reference only by tanhf.)
 TEST(CudaTreeAttention, SlidingWindowMatchesReference) {
   uint32_t seed = 900;
   const struct {
@@ -621,6 +626,7 @@ TEST(CudaTreeAttention, SlidingWindowMatchesReference) {
         p.head_dim = kind.hd;
         p.type = kind.type;
         p.sliding_window = window;
+        p.softcap = window == 33 ? 1.5f : 0.0f;  // Gemma 2 caps its scores and slides
         p.reqs = {{1, 300, 0, Shape::kRandomTree},
                   {45, 100, 0, Shape::kCausal},
                   {9, 60, 3, Shape::kRandomTree},

@@ -374,11 +374,12 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   if (o.max_batch_tokens <= 0) return InvalidArgumentError("max_batch_tokens must be positive");
   if (c.head_dim > kernels::kTreeAttnMaxHeadDim)
     return UnimplementedError("the CUDA backend supports head_dim <= 256");
-  // Of the switches of the other decoder families, all but Gemma 2's soft-capping are
-  // implemented: Qwen3's QK-norm, Mistral's sliding window, and Gemma 3's set.
+  // The switches of the other decoder families (model_config.h) the layer program implements:
+  // Qwen3's QK-norm, Mistral's sliding window, Gemma 2's soft-capping and Gemma 3's set; a new
+  // switch is refused by name until it is implemented here.
   std::vector<std::string> missing = c.ExtendedFeatures();
   for (const char* done : {"qk_norm", "sliding_window", "gelu_tanh", "embedding_scale",
-                           "post_norms", "attention_scale", "rope_theta_local"})
+                           "post_norms", "attention_scale", "rope_theta_local", "softcap"})
     std::erase(missing, std::string(done));
   if (!missing.empty()) {
     std::string names;
@@ -1027,6 +1028,10 @@ struct PieceOps {
               "final norm"));
     SI_RETURN_IF_ERROR(im.Matmul(im.output, im.fin, m, im.logits, 0.0f,
                                  use_cublas && m >= im.opt.cublas_min_tokens));
+    if (c.final_softcap != 0.0f)  // Gemma 2: before anything reads the logits
+      SI_RETURN_IF_ERROR(Check(
+          kernels::LaunchSoftCap(im.logits, c.final_softcap, int64_t{m} * vocab, im.stream),
+          "logit soft-capping"));
     if (r0 < logit_local.size())
       return Check(
           cudaMemcpyAsync(im.logits_host.get(), im.logits, static_cast<size_t>(m * vocab) * 4,
@@ -1307,6 +1312,7 @@ Status CudaModelRunner::Impl::RunPiece(const ForwardBatch& batch,
   ap_params.scale = c.AttentionScale();  // 1 / sqrt(head_dim) unless the model says otherwise
   ap_params.any_split = ap.any_split;
   ap_params.positions = ops.d_pos;
+  ap_params.softcap = c.attn_softcap;
 
   const auto program = [&] {
     return RunLlamaProgram(ops, static_cast<int32_t>(layer_range.count));

@@ -3,12 +3,12 @@
 // run unchanged on it.
 //
 // What is supported:
-//   - the whole Llama/Qwen2/Qwen3/Mistral/Gemma 3 forward pass of a ForwardBatch (decode, causal
-//     prefill chunks and token-tree verification of many sequences at once): embedding gather
-//     (+ Gemma's scale), RMSNorm, Q/K/V/O and SwiGLU/GeGLU projections (+ Qwen2 biases, per-head
-//     QK-norm, Gemma's post-norms and attention scale), sliding-window layers (with Gemma 3's
-//     local RoPE base), RoPE in both pairings (interleaved and half) with the
-//     host's scaled frequencies, the fused tree-attention kernel over the paged KV cache
+//   - the whole Llama/Qwen2/Qwen3/Mistral/Gemma 2/Gemma 3 forward pass of a ForwardBatch (decode,
+//     causal prefill chunks and token-tree verification of many sequences at once): embedding
+//     gather (+ Gemma's scale), RMSNorm, Q/K/V/O and SwiGLU/GeGLU projections (+ Qwen2 biases,
+//     per-head QK-norm, Gemma's post-norms and attention scale, Gemma 2's soft-capping),
+//     sliding-window layers (with Gemma 3's local RoPE base), RoPE in both pairings (interleaved
+//     and half) with the host's scaled frequencies, the fused tree-attention kernel over the paged KV cache
 //     (packed-bit masks, grouped-query attention, split KV for long contexts), final norm and
 //     classifier for the requested logit rows;
 //   - weights F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the K-quants Q2_K, Q3_K, Q4_K,
@@ -56,7 +56,7 @@
 //   - a sampled token tree's distributions computed on the device (ForwardBatch::dist_rows):
 //     multi-step speculative sampling on the host gets each node's kept tokens and their
 //     probabilities, not its logits.
-// Not done: Gemma 2's soft-capping (refused naming it); rows of
+// Not done: rows of
 // requests that read logits (logprobs) come back as logits. Numerics
 // against the CPU backend (float32 weights and KV): products and attention differ only in summation
 // order (relative differences ~1e-6 on logits), RoPE tables are the CPU's. Within the GPU,
