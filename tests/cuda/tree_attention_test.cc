@@ -312,6 +312,30 @@ std::vector<RequestData> MakeAll(const Problem& p, uint32_t seed) {
   return data;
 }
 
+// Node i of `tree` (a request without masked entries) as a decode step of its own: the committed
+// prefix, then the window entries node i sees (its ancestors and itself), in order, and its query.
+RequestData PathOf(const Problem& p, const RequestData& tree, int32_t i) {
+  const size_t row = static_cast<size_t>(p.kv_heads) * p.head_dim;
+  const size_t qrow = static_cast<size_t>(p.qo_heads) * p.head_dim;
+  const int32_t prefix = tree.spec.prefix;
+  RequestData path;
+  path.k.assign(tree.k.begin(), tree.k.begin() + prefix * row);
+  path.v.assign(tree.v.begin(), tree.v.begin() + prefix * row);
+  int32_t seen = 0;
+  for (int32_t j = 0; j < tree.spec.tokens; ++j) {
+    if (!tree.mask.Get(i, j)) continue;
+    path.k.insert(path.k.end(), tree.k.begin() + (prefix + j) * row,
+                  tree.k.begin() + (prefix + j + 1) * row);
+    path.v.insert(path.v.end(), tree.v.begin() + (prefix + j) * row,
+                  tree.v.begin() + (prefix + j + 1) * row);
+    ++seen;
+  }
+  path.spec = {1, prefix + seen - 1, 0, Shape::kCausal};
+  path.mask = TreeMask::Causal(1);
+  path.q.assign(tree.q.begin() + i * qrow, tree.q.begin() + (i + 1) * qrow);
+  return path;
+}
+
 // Builds random inputs for `p`, runs the kernel and the fp64 reference.
 Result RunCase(const Problem& p, uint32_t seed, int64_t partial_capacity, int32_t fixed_chunk = 0,
                bool out_float = true) {
@@ -565,29 +589,12 @@ TEST(CudaTreeAttention, TreeNodeEqualsItsPathDecodedOneByOne) {
       p.type = type;
       p.reqs = {{40, prefix, 0, Shape::kRandomTree}};
       const RequestData tree = MakeAll(p, 21 + prefix)[0];
-      const size_t row = static_cast<size_t>(p.kv_heads) * p.head_dim;
       const size_t qrow = static_cast<size_t>(p.qo_heads) * p.head_dim;
       for (int32_t fixed : {0, 64}) {
         const int64_t cap = fixed ? 1 << 20 : 0;
         const Result whole = RunKernel(p, {tree}, 3, cap, fixed, true);
         for (int32_t i = 0; i < 40; ++i) {
-          // The path: committed prefix, then the window entries node i sees (its ancestors and
-          // itself), in order.
-          RequestData path;
-          path.k.assign(tree.k.begin(), tree.k.begin() + prefix * row);
-          path.v.assign(tree.v.begin(), tree.v.begin() + prefix * row);
-          int32_t seen = 0;
-          for (int32_t j = 0; j < 40; ++j) {
-            if (!tree.mask.Get(i, j)) continue;
-            path.k.insert(path.k.end(), tree.k.begin() + (prefix + j) * row,
-                          tree.k.begin() + (prefix + j + 1) * row);
-            path.v.insert(path.v.end(), tree.v.begin() + (prefix + j) * row,
-                          tree.v.begin() + (prefix + j + 1) * row);
-            ++seen;
-          }
-          path.spec = {1, prefix + seen - 1, 0, Shape::kCausal};
-          path.mask = TreeMask::Causal(1);
-          path.q.assign(tree.q.begin() + i * qrow, tree.q.begin() + (i + 1) * qrow);
+          const RequestData path = PathOf(p, tree, i);
           Problem one = p;
           one.reqs = {path.spec};
           const Result alone = RunKernel(one, {path}, 9 + i, cap, fixed, true);
@@ -653,26 +660,10 @@ TEST(CudaTreeAttention, SlidingWindowTreeNodeEqualsItsPathDecoded) {
     p.sliding_window = 70;
     p.reqs = {{16, 150, 0, Shape::kRandomTree}};
     const RequestData tree = MakeAll(p, 31)[0];
-    const size_t row = static_cast<size_t>(p.kv_heads) * p.head_dim;
     const size_t qrow = static_cast<size_t>(p.qo_heads) * p.head_dim;
-    const int32_t prefix = p.reqs[0].prefix;
     const Result whole = RunKernel(p, {tree}, 3, 0, 0, true);
     for (int32_t i = 0; i < 16; ++i) {
-      RequestData path;
-      path.k.assign(tree.k.begin(), tree.k.begin() + prefix * row);
-      path.v.assign(tree.v.begin(), tree.v.begin() + prefix * row);
-      int32_t seen = 0;
-      for (int32_t j = 0; j < 16; ++j) {
-        if (!tree.mask.Get(i, j)) continue;
-        path.k.insert(path.k.end(), tree.k.begin() + (prefix + j) * row,
-                      tree.k.begin() + (prefix + j + 1) * row);
-        path.v.insert(path.v.end(), tree.v.begin() + (prefix + j) * row,
-                      tree.v.begin() + (prefix + j + 1) * row);
-        ++seen;
-      }
-      path.spec = {1, prefix + seen - 1, 0, Shape::kCausal};
-      path.mask = TreeMask::Causal(1);
-      path.q.assign(tree.q.begin() + i * qrow, tree.q.begin() + (i + 1) * qrow);
+      const RequestData path = PathOf(p, tree, i);
       Problem one = p;
       one.reqs = {path.spec};
       const Result alone = RunKernel(one, {path}, 9 + i, 0, 0, true);
