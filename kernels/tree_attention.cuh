@@ -52,7 +52,9 @@
 //   low part stays normal; bf16: three parts). A tile reaching into a tree's window is gathered
 //   per token (its row's compacted keys in the same tile positions) into the warp's own shared
 //   memory and run with only that token's rows active; the rows of an mma do not affect each
-//   other's results (mma.cuh), so a row's bits depend only on its keys, as above.
+//   other's results (mma.cuh), so a row's bits depend only on its keys, as above. Spread items
+//   (the plan's, for the chunks holding a wide tree's window) give each warp 4 rows of a 16-row
+//   item instead, the same arithmetic per row.
 // Tolerance against the CPU reference (float32 K/V): 2e-5 + 2e-5 |ref|; with fp16/bf16 inputs
 //   against an fp64 reference on the same rounded inputs: 1e-3 + 1e-3 |ref| (fp16), 1e-2 (bf16)
 //   when OutT is the 16-bit type (its rounding dominates), 2e-5 when OutT is float32.
@@ -68,6 +70,7 @@ inline constexpr int kTreeAttnRowsPerBlock = 16;  // (token, group head) rows pe
 inline constexpr int kTreeAttnTileKv = 32;        // KV positions per shared-memory tile
 inline constexpr int kTreeAttnMaxHeadDim = 256;
 inline constexpr int kTreeAttnMmaRowsPerBlock = 64;  // rows per work item on tensor cores
+inline constexpr int kTreeAttnSpreadRows = 16;  // rows of a spread item (4 per warp, see below)
 
 enum class AttnType : int32_t { kF32, kF16, kBF16 };
 
@@ -99,10 +102,15 @@ struct TreeAttentionRequest {
 // One block's work: rows [row_begin, row_begin + rows_per_item) of request `request`, row = i *
 // group + g (token i, query head kvh * group + g), over KV positions [chunk * kv_chunk, (chunk + 1)
 // * kv_chunk).
+// spread (tensor-core kernel only): the item holds kTreeAttnSpreadRows rows instead, 4 per warp,
+// so that the tiles of a tree's window, which a warp runs one token at a time, are shared by
+// four times the warps (the plan spreads the chunks holding a window where the launch still fits
+// the GPU once). Which rows share a block does not change any row's bits.
 struct TreeAttentionWorkItem {
   int32_t request = 0;
   int32_t row_begin = 0;
   int32_t chunk = 0;
+  int32_t spread = 0;
 };
 
 struct TreeAttentionParams {

@@ -14,7 +14,11 @@
 // tile, every window entry, a zero row) once into the same shared memory, and each warp runs
 // them one token at a time (the rows of a token see the same keys) with a row map that puts the
 // token's compacted keys in their tile positions. A window too large for shared memory is
-// gathered per token from global memory into the warp's part of the ring instead.
+// gathered per token from global memory into the warp's part of the ring instead. Those
+// token-by-token tiles are what a wide tree's block spends its time on (a 64-token tree without
+// GQA: 16 tokens per warp), so the plan may cut the chunks holding a window into spread items
+// (TreeAttentionWorkItem::spread): 16 rows, 4 per warp, each warp's rows in the first rows of its
+// mma tile: four times the blocks, a quarter of the tokens per warp.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -252,9 +256,11 @@ __device__ __forceinline__ void WarpTile(const T* q_w, const T* k_t, const T* v_
   }
 }
 
-// One work item with `rows` rows, kSplit warps per 16-row tile (kSplit = 4 / the row tiles it
-// has, so that a decoding token or a small tree keeps every warp busy).
-template <typename T, typename OutT, int kD, int kSplit>
+// One work item with `rows` rows. kWarpRows 16: kSplit warps per 16-row tile (kSplit = 4 / the
+// row tiles it has, so that a decoding token or a small tree keeps every warp busy); kWarpRows 4
+// (a spread item, kSplit 1): warp w owns rows 4w .. 4w + 3 in its tile's first rows (the mma's
+// other rows are computed and dropped), so the window's tokens are a quarter per warp.
+template <typename T, typename OutT, int kD, int kSplit, int kWarpRows>
 __device__ __forceinline__ void AttendItem(const TreeAttentionParams& p,
                                            const TreeAttentionWorkItem& wi,
                                            const TreeAttentionRequest& rq, int32_t pool_rows,
@@ -272,7 +278,9 @@ __device__ __forceinline__ void AttendItem(const TreeAttentionParams& p,
 
   const int32_t kvh = blockIdx.y;
   const int32_t group = p.qo_heads / p.kv_heads;
-  const int row_tile = warp / kSplit, dim_part = warp % kSplit;
+  static_assert(kWarpRows == 16 || (kWarpRows == 4 && kSplit == 1), "warp layouts");
+  const int dim_part = warp % kSplit;
+  const int first_row = kWarpRows == 16 ? 16 * (warp / kSplit) : 4 * warp;  // the warp's rows
   const T* kc = static_cast<const T*>(p.k_cache);
   const T* vc = static_cast<const T*>(p.v_cache);
   const float qscale = p.scale * kLog2e;
@@ -299,11 +307,15 @@ __device__ __forceinline__ void AttendItem(const TreeAttentionParams& p,
   int32_t c1 = c0;  // end of the chunk's keys over all rows
   for (int r = 0; r < rows; ++r) c1 = max(c1, end_s[r]);
 
-  const int r_lo = 16 * row_tile + g;  // this lane's rows in the block: r_lo and r_lo + 8
-  const int32_t end[2] = {end_s[r_lo], end_s[r_lo + 8]};
-  const int32_t begin[2] = {RowBegin(p, rq, wi, r_lo, rows), RowBegin(p, rq, wi, r_lo + 8, rows)};
+  // This lane's rows in the block (mma rows g and g + 8), -1 where it has none.
+  const int lane_row[2] = {kWarpRows == 16 || g < 4 ? first_row + g : -1,
+                           kWarpRows == 16 ? first_row + g + 8 : -1};
+  const int32_t end[2] = {lane_row[0] < 0 ? 0 : end_s[lane_row[0]],
+                          lane_row[1] < 0 ? 0 : end_s[lane_row[1]]};
+  const int32_t begin[2] = {lane_row[0] < 0 ? 0 : RowBegin(p, rq, wi, lane_row[0], rows),
+                            lane_row[1] < 0 ? 0 : RowBegin(p, rq, wi, lane_row[1], rows)};
   int32_t warp_end = 0;  // where the warp's rows' keys stop
-  for (int r = 16 * row_tile; r < 16 * row_tile + 16; ++r) warp_end = max(warp_end, end_s[r]);
+  for (int r = first_row; r < first_row + kWarpRows; ++r) warp_end = max(warp_end, end_s[r]);
   RowState<kD, kSplit> st;
 #pragma unroll
   for (int n = 0; n < kD / 8 / kSplit; ++n)
@@ -315,7 +327,7 @@ __device__ __forceinline__ void AttendItem(const TreeAttentionParams& p,
   const bool causal = rq.mask_begin < 0;
   const PagedSlots paged = MakePagedSlots(p.block_tables + rq.block_table_begin, p.block_size);
   auto kv_offset = [&](int64_t slot, int d0) { return (slot * p.kv_heads + kvh) * kD + d0; };
-  const T* const q_w = q_s + 16 * row_tile * L::kStride;
+  const T* const q_w = q_s + first_row * L::kStride;  // the tile's 16 rows (in the block's 64)
 
   // Shared tiles [c0, s_end): every tile of a causal request, else those inside the prefix.
   const int32_t tail_begin = rq.kv_prefix / kTile * kTile;  // the first window tile
@@ -396,8 +408,8 @@ __device__ __forceinline__ void AttendItem(const TreeAttentionParams& p,
     T* const own_v = own_k + kTile * L::kStride;
     for (int32_t k0 = s_end; k0 < c1; k0 += kTile) {
       if (warp_end <= k0) break;  // warp-uniform
-      for (int rr = 0; rr < 16; ++rr) {
-        const int r = 16 * row_tile + rr;
+      for (int rr = 0; rr < kWarpRows; ++rr) {
+        const int r = first_row + rr;
         if (r >= rows) break;
         const int32_t i = (wi.row_begin + r) / group;
         if (rr > 0 && (wi.row_begin + r - 1) / group == i) continue;  // its token's rows are done
@@ -422,8 +434,9 @@ __device__ __forceinline__ void AttendItem(const TreeAttentionParams& p,
           CpAsyncWait<0>();
         }
         __syncwarp();
-        const bool active[2] = {r_lo < rows && (wi.row_begin + r_lo) / group == i,
-                                r_lo + 8 < rows && (wi.row_begin + r_lo + 8) / group == i};
+        const bool active[2] = {
+            lane_row[0] >= 0 && lane_row[0] < rows && (wi.row_begin + lane_row[0]) / group == i,
+            lane_row[1] >= 0 && lane_row[1] < rows && (wi.row_begin + lane_row[1]) / group == i};
         const int32_t nk = min(kTile, e - k0);
         if (pooled) {
           WarpTile<T, kD, kSplit>(q_w, pool_k, pool_v, SharedMap(map_w), k0, nk, begin, end, active,
@@ -440,8 +453,8 @@ __device__ __forceinline__ void AttendItem(const TreeAttentionParams& p,
   const int dim0 = dim_part * (kD / kSplit);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int r = r_lo + 8 * h;
-    if (r >= rows) continue;
+    const int r = lane_row[h];
+    if (r < 0 || r >= rows) continue;
     const int32_t row = wi.row_begin + r;
     const int32_t tok = row / group;
     const int32_t head = kvh * group + row % group;
@@ -478,13 +491,16 @@ __global__ void __launch_bounds__(kThreads, 2)
     TreeAttentionMmaKernel(const TreeAttentionParams p, int32_t pool_rows) {
   const TreeAttentionWorkItem wi = p.work[blockIdx.x];
   const TreeAttentionRequest rq = p.requests[wi.request];
-  const int32_t rows = min(kRows, rq.token_count * (p.qo_heads / p.kv_heads) - wi.row_begin);
-  if (rows <= 16) {
-    AttendItem<T, OutT, kD, 4>(p, wi, rq, pool_rows, rows);
+  const int32_t rows = min(wi.spread ? kTreeAttnSpreadRows : kRows,
+                           rq.token_count * (p.qo_heads / p.kv_heads) - wi.row_begin);
+  if (wi.spread) {
+    AttendItem<T, OutT, kD, 1, 4>(p, wi, rq, pool_rows, rows);
+  } else if (rows <= 16) {
+    AttendItem<T, OutT, kD, 4, 16>(p, wi, rq, pool_rows, rows);
   } else if (rows <= 32) {
-    AttendItem<T, OutT, kD, 2>(p, wi, rq, pool_rows, rows);
+    AttendItem<T, OutT, kD, 2, 16>(p, wi, rq, pool_rows, rows);
   } else {
-    AttendItem<T, OutT, kD, 1>(p, wi, rq, pool_rows, rows);
+    AttendItem<T, OutT, kD, 1, 16>(p, wi, rq, pool_rows, rows);
   }
 }
 

@@ -6,8 +6,9 @@
    kernel (build/bench_cuda_attention --csv) on the same shapes: trees of 8..128 tokens,
    contexts of 512..8192, batches of 1..32, fp16, Llama-2-7B's 32 heads of 128. PyTorch gets
    contiguous K/V (SDPA cannot read a paged cache); ours reads 16-position pages. Ours is timed
-   twice: as LaunchTreeAttention runs it (tensor cores for fp16 x 128) and with the CUDA-core
-   kernel fp16 ran before (--kernel cuda-cores), the baseline of the last column.
+   three times: as LaunchTreeAttention runs it (tensor cores for fp16 x 128), with every tree
+   window planned as 64-row items (--no-spread: the layout before spread window items), and with
+   the CUDA-core kernel fp16 ran before (--kernel cuda-cores), the baseline of the last column.
 2. Decode: Hugging Face transformers' greedy generate() on a random-weight Llama-2-7B-shaped
    model (fp16, on the GPU) against build/bench_cuda_step --decode, tokens per second after the
    same prompt length.
@@ -62,11 +63,12 @@ def time_cuda(torch, fn, iters):
 def bench_attention(args, torch):
     import torch.nn.functional as F
 
-    def run_ours(kernel):
+    def run_ours(kernel, extra=()):
         exe = os.path.join(args.build, "bench_cuda_attention")
         cmd = [exe, "--csv", "--batch", args.batch, "--tree", args.tree, "--context", args.context,
                "--heads", str(args.heads), "--kv-heads", str(args.kv_heads),
-               "--head-dim", str(args.head_dim), "--iters", str(args.iters), "--kernel", kernel]
+               "--head-dim", str(args.head_dim), "--iters", str(args.iters), "--kernel", kernel,
+               *extra]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         result = {}
         for line in out.splitlines():
@@ -75,6 +77,7 @@ def bench_attention(args, torch):
         return result
 
     ours = run_ours("auto")  # the tensor-core kernel for these shapes
+    unspread = run_ours("auto", ["--no-spread"])  # its windows in 64-row items
     cores = run_ours("cuda-cores")  # the kernel fp16 ran before it: the baseline
 
     gen = torch.Generator().manual_seed(0)
@@ -82,7 +85,8 @@ def bench_attention(args, torch):
     print(f"\nTree attention, fp16, heads {args.heads}/{args.kv_heads} x {args.head_dim} "
           f"(median us per call; ours reads a paged cache)")
     print(f"{'batch':>5} {'tree':>5} {'context':>7} {'SDPA+mask us':>13} {'ours us':>9} "
-          f"{'speed-up':>8} {'ours GB/s':>9} {'CUDA-core us':>12} {'vs CUDA-core':>12}")
+          f"{'speed-up':>8} {'ours GB/s':>9} {'unspread us':>11} {'CUDA-core us':>12} "
+          f"{'vs CUDA-core':>12}")
     gqa = args.heads != args.kv_heads
     for b in parse_list(args.batch):
         for t in parse_list(args.tree):
@@ -107,9 +111,10 @@ def bench_attention(args, torch):
                 torch_us = time_cuda(torch, fn, args.iters)
                 o_us, o_gbps = ours.get((b, t, c), (float("nan"), float("nan")))
                 c_us = cores.get((b, t, c), (float("nan"), float("nan")))[0]
+                u_us = unspread.get((b, t, c), (float("nan"), float("nan")))[0]
                 print(f"{b:>5} {t:>5} {c:>7} {torch_us:>13.1f} {o_us:>9.1f} "
-                      f"{torch_us / o_us:>8.2f} {o_gbps:>9.1f} {c_us:>12.1f} {c_us / o_us:>12.2f}",
-                      flush=True)
+                      f"{torch_us / o_us:>8.2f} {o_gbps:>9.1f} {u_us:>11.1f} {c_us:>12.1f} "
+                      f"{c_us / o_us:>12.2f}", flush=True)
                 del q, k, v, mask
                 torch.cuda.empty_cache()
 

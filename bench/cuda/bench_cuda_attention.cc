@@ -8,12 +8,14 @@
 //
 //   bench_cuda_attention [--batch 1,8,32] [--tree 8,32,64,128] [--context 512,2048,8192]
 //                        [--heads 32] [--kv-heads 32] [--head-dim 128] [--iters 50] [--csv]
-//                        [--kernel auto|cuda-cores]
+//                        [--kernel auto|cuda-cores] [--no-spread]
 //
 // Defaults are Llama-2-7B's attention (32 heads of 128, no GQA). --csv prints
 // batch,tree,context,us,gbps lines (scripts/bench_cuda_vs_torch.py reads them). --kernel
 // cuda-cores times the CUDA-core kernel that fp16 took before the tensor-core one (the baseline
-// of tree_attention_mma.cu); auto, the default, is what LaunchTreeAttention runs.
+// of tree_attention_mma.cu); auto, the default, is what LaunchTreeAttention runs. --no-spread
+// plans every tree's window chunk as 64-row items (TreeAttentionPlanOptions::spread_windows off:
+// the same bits, the layout before spreading), the baseline of the spread items.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -52,6 +54,7 @@ struct Options {
   int heads = 32, kv_heads = 32, head_dim = 128, iters = 50, block_size = 16;
   bool csv = false;
   std::string kernel = "auto";
+  bool no_spread = false;
 };
 
 template <typename T>
@@ -106,6 +109,7 @@ bool RunOne(const Options& o, int batch, int tree, int context, int num_sms) {
   // kernel 4 (its launch bounds for fp16 x 128).
   po.target_blocks = (cuda_cores ? 4 : 2) * num_sms;
   po.partial_capacity_rows = int64_t{batch} * tree * o.heads * 64;
+  po.spread_windows = !o.no_spread;
   po.rows_per_item = cuda_cores
                          ? kernels::kTreeAttnRowsPerBlock
                          : kernels::TreeAttentionRowsPerItem(kernels::AttnType::kF16, o.head_dim);
@@ -188,9 +192,9 @@ bool RunOne(const Options& o, int batch, int tree, int context, int num_sms) {
   if (o.csv) {
     std::printf("%d,%d,%d,%.2f,%.1f\n", batch, tree, context, us, gbps);
   } else {
-    std::printf("batch %3d  tree %4d  context %5d  %10.1f us  %7.1f GB/s  (%zu blocks%s)\n", batch,
-                tree, context, us, gbps, plan->work.size() * o.kv_heads,
-                plan->any_split ? ", split KV" : "");
+    std::printf("batch %3d  tree %4d  context %5d  %10.1f us  %7.1f GB/s  (%zu blocks%s%s)\n",
+                batch, tree, context, us, gbps, plan->work.size() * o.kv_heads,
+                plan->any_split ? ", split KV" : "", plan->spread_items > 0 ? ", spread" : "");
   }
   std::fflush(stdout);
   return true;
@@ -212,6 +216,7 @@ int main(int argc, char** argv) {
   app.add_option("--iters", o.iters);
   app.add_flag("--csv", o.csv);
   app.add_option("--kernel", o.kernel)->check(CLI::IsMember({"auto", "cuda-cores"}));
+  app.add_flag("--no-spread", o.no_spread, "plan tree windows as 64-row items (the old layout)");
   CLI11_PARSE(app, argc, argv);
   if (cuda::DeviceCount() == 0) {
     std::fprintf(stderr, "error: no CUDA device found: this benchmark needs a GPU\n");

@@ -30,43 +30,65 @@ std::vector<TreeAttentionRequest> RandomRequests(std::mt19937& rng, int32_t coun
     r.token_count = std::uniform_int_distribution<int32_t>(1, 70)(rng);
     r.kv_prefix = std::uniform_int_distribution<int32_t>(0, 5000)(rng);
     r.masked_kv = std::uniform_int_distribution<int32_t>(0, 3)(rng) == 0 ? 7 : 0;
+    if (i % 2 == 1) r.mask_begin = 0;  // a tree (the plan reads no mask words)
     token += r.token_count;
     reqs.push_back(r);
   }
   return reqs;
 }
 
-// Every (request, tile of plan.rows_per_item rows, chunk) is one work item, exactly once; partial
-// rows of split requests are disjoint and inside the capacity; tokens map to their requests.
+// The rows of (request, chunk) are cut into work items of plan.rows_per_item rows, or of a
+// spread item's 16 (a tree's chunks from the one holding its window's first tile on, only on the
+// tensor-core kernel with fewer than 4 rows per token), each row exactly once; partial rows of
+// split requests are disjoint and inside the capacity; tokens map to their requests.
 void ExpectPlanCovers(const std::vector<TreeAttentionRequest>& reqs,
                       const cuda::TreeAttentionPlan& plan, int32_t qo_heads, int32_t group,
                       int64_t capacity) {
-  std::set<std::tuple<int32_t, int32_t, int32_t>> seen;
+  std::map<std::pair<int32_t, int32_t>, std::vector<const kernels::TreeAttentionWorkItem*>> items;
+  int32_t spread_items = 0;
   for (const auto& w : plan.work) {
     ASSERT_GE(w.request, 0);
     ASSERT_LT(w.request, static_cast<int32_t>(reqs.size()));
     const auto& r = reqs[static_cast<size_t>(w.request)];
-    EXPECT_EQ(w.row_begin % plan.rows_per_item, 0);
-    EXPECT_LT(w.row_begin, r.token_count * group);
     EXPECT_LT(w.chunk, r.num_chunks);
-    EXPECT_TRUE(seen.insert({w.request, w.row_begin, w.chunk}).second) << "duplicate work item";
+    items[{w.request, w.chunk}].push_back(&w);
+    if (w.spread) {
+      ++spread_items;
+      EXPECT_EQ(plan.rows_per_item, kernels::kTreeAttnMmaRowsPerBlock);
+      EXPECT_LT(group, 4);
+      EXPECT_GE(r.mask_begin, 0) << "a causal request spread";
+      EXPECT_GE((w.chunk + 1) * plan.kv_chunk, r.kv_prefix / 32 * 32 + 1)
+          << "a chunk without window tiles spread";
+    }
   }
-  int64_t expected_items = 0;
+  EXPECT_EQ(spread_items, plan.spread_items);
+  for (auto& [key, list] : items) {
+    std::sort(list.begin(), list.end(),
+              [](auto* a, auto* b) { return a->row_begin < b->row_begin; });
+    const int32_t rows = reqs[static_cast<size_t>(key.first)].token_count * group;
+    int32_t next = 0;
+    for (const auto* w : list) {
+      EXPECT_EQ(w->spread, list.front()->spread) << "one chunk cut two ways";
+      EXPECT_EQ(w->row_begin, next) << "rows skipped or covered twice";
+      next = w->row_begin + (w->spread ? kernels::kTreeAttnSpreadRows : plan.rows_per_item);
+    }
+    EXPECT_GE(next, rows);
+    EXPECT_LT(list.back()->row_begin, rows);
+  }
   std::vector<std::pair<int64_t, int64_t>> ranges;
   for (size_t i = 0; i < reqs.size(); ++i) {
     const auto& r = reqs[i];
     EXPECT_EQ(r.kv_len, r.kv_prefix + r.masked_kv + r.token_count);
     EXPECT_GE(static_cast<int64_t>(r.num_chunks) * plan.kv_chunk, r.kv_len);
     EXPECT_LT(static_cast<int64_t>(r.num_chunks - 1) * plan.kv_chunk, std::max(r.kv_len, 1));
-    expected_items += static_cast<int64_t>(r.num_chunks) *
-                      ((r.token_count * group + plan.rows_per_item - 1) / plan.rows_per_item);
+    for (int32_t c = 0; c < r.num_chunks; ++c)
+      EXPECT_TRUE(items.count({static_cast<int32_t>(i), c})) << "chunk without work";
     if (r.num_chunks > 1)
       ranges.push_back({r.partial_begin, r.partial_begin + static_cast<int64_t>(r.num_chunks) *
                                                                r.token_count * qo_heads});
     for (int32_t t = r.token_begin; t < r.token_begin + r.token_count; ++t)
       EXPECT_EQ(plan.token_request[static_cast<size_t>(t)], static_cast<int32_t>(i));
   }
-  EXPECT_EQ(static_cast<int64_t>(plan.work.size()), expected_items);
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i) EXPECT_LE(ranges[i - 1].second, ranges[i].first);
   if (!ranges.empty()) {
@@ -84,7 +106,7 @@ TEST(CudaHostPlan, CoversEveryRowTileAndChunkOnce) {
         std::vector<TreeAttentionRequest> reqs = RandomRequests(rng, count);
         cuda::TreeAttentionPlanOptions o;
         o.qo_heads = 32;
-        o.kv_heads = 8;
+        o.kv_heads = fixed ? 8 : 32;  // 4 query heads per KV head, or 1 (trees spread)
         o.head_dim = 128;
         o.partial_capacity_rows = capacity;
         o.fixed_chunk = fixed;
@@ -105,7 +127,7 @@ TEST(CudaHostPlan, CoversEveryRowTileAndChunkOnce) {
         if (capacity == 0 && fixed == 0) {
           EXPECT_FALSE(plan->any_split);
         }
-        ExpectPlanCovers(reqs, *plan, 32, 4, capacity);
+        ExpectPlanCovers(reqs, *plan, 32, o.qo_heads / o.kv_heads, capacity);
       }
     }
   }
@@ -140,6 +162,63 @@ TEST(CudaHostPlan, SplitsOnlyWhenTheGpuWouldIdle) {
   auto p2 = cuda::PlanTreeAttention(many, o);
   ASSERT_TRUE(p2.ok());
   EXPECT_FALSE(p2->any_split);
+}
+
+// One request's 64-token tree over a 2048-token context, 32 heads without GQA (Llama-2-7B), in
+// the runner's fixed chunks of 512: the chunk holding the window is cut into spread items (its
+// 64 tokens a quarter per warp), which still fit the GPU once; a batch of 32 such trees, a GQA
+// group of 4, a causal chunk or the option off keep 64-row items.
+TEST(CudaHostPlan, SpreadsTreeWindowsWhileTheLaunchFitsOnce) {
+  auto plan_for = [](int32_t batch, int32_t kv_heads, bool tree, bool spread) {
+    cuda::TreeAttentionPlanOptions o;
+    o.qo_heads = 32;
+    o.kv_heads = kv_heads;
+    o.head_dim = 128;
+    o.partial_capacity_rows = 1 << 24;
+    o.fixed_chunk = 512;
+    o.rows_per_item = kernels::kTreeAttnMmaRowsPerBlock;
+    o.spread_windows = spread;
+    std::vector<TreeAttentionRequest> reqs(static_cast<size_t>(batch));
+    for (int32_t i = 0; i < batch; ++i) {
+      reqs[i].token_begin = 64 * i;
+      reqs[i].token_count = 64;
+      reqs[i].kv_prefix = 2048;
+      reqs[i].mask_words_per_row = 1;
+      reqs[i].mask_begin = tree ? 64 * i : -1;
+    }
+    auto plan = cuda::PlanTreeAttention(reqs, o);
+    EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+    if (plan.ok()) ExpectPlanCovers(reqs, *plan, 32, 32 / kv_heads, o.partial_capacity_rows);
+    return plan.ok() ? std::move(*plan) : cuda::TreeAttentionPlan{};
+  };
+  const cuda::TreeAttentionPlan one = plan_for(1, 32, true, true);
+  EXPECT_EQ(one.spread_items, 4);  // the last chunk, [2048, 2112): 4 items of 16 rows
+  for (const auto& w : one.work) EXPECT_EQ(w.spread != 0, w.chunk == 4);
+  EXPECT_LE(static_cast<int64_t>(one.work.size()) * 32, 264);
+  EXPECT_EQ(plan_for(1, 32, true, false).spread_items, 0);
+  EXPECT_EQ(plan_for(32, 32, true, true).spread_items, 0);  // would not fit the GPU once
+  EXPECT_EQ(plan_for(1, 8, true, true).spread_items, 0);    // 4 rows per token
+  EXPECT_EQ(plan_for(1, 32, false, true).spread_items, 0);  // no window
+
+  // Adaptive chunks leave room for the spread chunk: still one wave.
+  std::vector<TreeAttentionRequest> reqs(1);
+  reqs[0].token_count = 64;
+  reqs[0].kv_prefix = 2048;
+  reqs[0].mask_words_per_row = 1;
+  reqs[0].mask_begin = 0;
+  cuda::TreeAttentionPlanOptions o;
+  o.qo_heads = 32;
+  o.kv_heads = 32;
+  o.head_dim = 128;
+  o.partial_capacity_rows = 1 << 24;
+  o.rows_per_item = kernels::kTreeAttnMmaRowsPerBlock;
+  auto adaptive = cuda::PlanTreeAttention(reqs, o);
+  ASSERT_TRUE(adaptive.ok());
+  EXPECT_TRUE(adaptive->any_split);
+  EXPECT_EQ(adaptive->spread_items, 4);
+  EXPECT_LE(static_cast<int64_t>(adaptive->work.size()) * 32, o.target_blocks);
+  EXPECT_GT(static_cast<int64_t>(adaptive->work.size()) * 32, o.target_blocks / 2);
+  ExpectPlanCovers(reqs, *adaptive, 32, 1, o.partial_capacity_rows);
 }
 
 TEST(CudaHostPlan, RejectsBadGeometry) {

@@ -134,6 +134,7 @@ struct Result {
   std::vector<float> got;  // [tokens, qo_heads, head_dim]
   std::vector<double> want;
   bool any_split = false;
+  int32_t spread_items = 0;  // the plan's (TreeAttentionPlan::spread_items)
 };
 
 // fp64 reference from the contract: the visible positions are the prefix and the window
@@ -185,9 +186,11 @@ std::vector<double> Reference(const Problem& p, const std::vector<RequestData>& 
 }
 
 // Lays the requests out in a paged cache (blocks a random permutation: scattered pages), plans
-// (partial_capacity 0: never split; fixed_chunk > 0: that chunk) and runs the kernel.
+// (partial_capacity 0: never split; fixed_chunk > 0: that chunk; spread: spread_windows) and runs
+// the kernel.
 Result RunKernel(const Problem& p, const std::vector<RequestData>& data, uint32_t page_seed,
-                 int64_t partial_capacity, int32_t fixed_chunk, bool out_float) {
+                 int64_t partial_capacity, int32_t fixed_chunk, bool out_float,
+                 bool spread = true) {
   std::mt19937 rng(page_seed);
   const int32_t hd = p.head_dim, bs = p.block_size;
   int32_t total_tokens = 0, total_blocks = 0;
@@ -243,11 +246,13 @@ Result RunKernel(const Problem& p, const std::vector<RequestData>& data, uint32_
   po.partial_capacity_rows = partial_capacity;
   po.fixed_chunk = fixed_chunk;
   po.rows_per_item = kernels::TreeAttentionRowsPerItem(p.type, hd);
+  po.spread_windows = spread;
   auto plan = cuda::PlanTreeAttention(reqs, po);
   EXPECT_TRUE(plan.ok()) << plan.status().ToString();
   Result res;
   if (!plan.ok()) return res;
   res.any_split = plan->any_split;
+  res.spread_items = plan->spread_items;
 
   const size_t out_elems = q.size();
   DeviceArray<uint8_t> dq(Encode(p.type, q)), dk(Encode(p.type, kc)), dv(Encode(p.type, vc));
@@ -672,6 +677,50 @@ TEST(CudaTreeAttention, SlidingWindowTreeNodeEqualsItsPathDecoded) {
       EXPECT_ALL_CLOSE(
           alone.got, node, 0.0, 0.0,
           "node " + std::to_string(i) + " type " + std::to_string(static_cast<int>(type)));
+    }
+  }
+}
+
+// Spread items (a tree's window chunks cut into 16-row items, 4 rows per warp: tensor cores,
+// fewer than 4 query heads per KV head) give every row the bits the 64-row items give, and the
+// reference's result: one KV head per query head, 2 and 3 (a token's rows cross the warps' 4-row
+// boundaries), fp16 and bf16, unsplit and in fixed chunks of 256 (prefix 250: the window's first
+// tile, at 224, lies in the first chunk, so both chunks are spread), beside a decoding token and
+// a causal chunk, and a tree with masked entries.
+TEST(CudaTreeAttention, SpreadWindowItemsEqualWholeItems) {
+  struct Heads {
+    int32_t qo, kv, hd;
+  };
+  uint32_t seed = 1300;
+  const struct {
+    Heads heads;
+    AttnType type;
+  } cases[] = {{{4, 4, 128}, AttnType::kF16}, {{8, 4, 64}, AttnType::kBF16},
+               {{9, 3, 64}, AttnType::kF16}};
+  for (const auto& [heads, type] : cases) {
+    {
+      for (int32_t fixed : {0, 256}) {
+        Problem p;
+        p.qo_heads = heads.qo;
+        p.kv_heads = heads.kv;
+        p.head_dim = heads.hd;
+        p.type = type;
+        p.reqs = {{64, 250, 0, Shape::kRandomTree},
+                  {1, 90, 0, Shape::kRandomTree},
+                  {20, 33, 0, Shape::kCausal},
+                  {11, 40, 6, Shape::kRandomTree}};
+        const std::vector<RequestData> data = MakeAll(p, ++seed);
+        const int64_t cap = fixed ? 1 << 22 : 0;
+        const Result spread = RunKernel(p, data, 4, cap, fixed, true, true);
+        const Result whole = RunKernel(p, data, 4, cap, fixed, true, false);
+        const std::string what = "heads " + std::to_string(heads.qo) + "/" +
+                                 std::to_string(heads.kv) + " chunk " + std::to_string(fixed) +
+                                 " type " + std::to_string(static_cast<int>(type));
+        EXPECT_GT(spread.spread_items, 0) << what;
+        EXPECT_EQ(whole.spread_items, 0) << what;
+        EXPECT_ALL_CLOSE(spread.got, whole.got, 0.0, 0.0, "spread vs whole, " + what);
+        EXPECT_ALL_CLOSE(spread.got, Reference(p, data), 2e-5, 2e-5, "spread vs reference, " + what);
+      }
     }
   }
 }

@@ -24,10 +24,20 @@ StatusOr<TreeAttentionPlan> PlanTreeAttention(std::span<kernels::TreeAttentionRe
       o.head_dim > kernels::kTreeAttnMaxHeadDim)
     return InvalidArgumentError("tree attention plan: bad head geometry");
   const int64_t group = o.qo_heads / o.kv_heads;
+  // Whether a masked request's window chunks may be spread (see the options), and the blocks a
+  // spread chunk adds.
+  const bool spreads = o.spread_windows &&
+                       rows_per_item == kernels::kTreeAttnMmaRowsPerBlock && group * 4 < 16;
+  auto spread_extra = [&](const kernels::TreeAttentionRequest& r) -> int64_t {
+    if (!spreads || r.mask_begin < 0) return 0;
+    const int64_t rows = r.token_count * group;
+    return (CeilDiv(rows, kernels::kTreeAttnSpreadRows) - CeilDiv(rows, rows_per_item)) *
+           o.kv_heads;
+  };
   TreeAttentionPlan plan;
   int32_t expect = 0;
   int32_t max_kv = 0;
-  int64_t base_blocks = 0;
+  int64_t base_blocks = 0, extra_blocks = 0;
   for (auto& r : requests) {
     if (r.token_begin != expect || r.token_count <= 0 || r.kv_prefix < 0 || r.masked_kv < 0)
       return InvalidArgumentError("tree attention plan: requests not contiguous and non-empty");
@@ -35,21 +45,26 @@ StatusOr<TreeAttentionPlan> PlanTreeAttention(std::span<kernels::TreeAttentionRe
     max_kv = std::max(max_kv, r.kv_len);
     if (r.mask_begin >= 0) plan.max_window = std::max(plan.max_window, r.masked_kv + r.token_count);
     base_blocks += CeilDiv(r.token_count * group, rows_per_item) * o.kv_heads;
+    extra_blocks += spread_extra(r);
     expect += r.token_count;
   }
   plan.num_tokens = expect;
 
   // Chunk length: the whole context unless the GPU would be underused and the workspace allows.
+  // Splitting leaves room for the spread window chunks where they fit beside the base blocks.
+  const int64_t split_target =
+      base_blocks + extra_blocks <= o.target_blocks ? o.target_blocks - extra_blocks
+                                                    : o.target_blocks;
   int64_t chunk = CeilDiv(std::max(max_kv, 1), kTreeAttnTileKv) * kTreeAttnTileKv;
   if (o.fixed_chunk > 0) {
     chunk = CeilDiv(o.fixed_chunk, kTreeAttnTileKv) * kTreeAttnTileKv;
-  } else if (base_blocks < o.target_blocks && o.partial_capacity_rows > 0) {
-    const int64_t splits = CeilDiv(o.target_blocks, std::max<int64_t>(base_blocks, 1));
+  } else if (base_blocks < split_target && o.partial_capacity_rows > 0) {
+    const int64_t splits = CeilDiv(split_target, std::max<int64_t>(base_blocks, 1));
     int64_t c = CeilDiv(CeilDiv(max_kv, splits), kTreeAttnTileKv) * kTreeAttnTileKv;
     c = std::max<int64_t>(c, CeilDiv(o.min_chunk, kTreeAttnTileKv) * kTreeAttnTileKv);
     // Rounding to whole tiles can leave a few blocks more than fill the GPU once (a second wave
     // for them alone): lengthen the chunk a tile at a time until the blocks fit.
-    while (c < chunk && base_blocks * CeilDiv(max_kv, c) > o.target_blocks) c += kTreeAttnTileKv;
+    while (c < chunk && base_blocks * CeilDiv(max_kv, c) > split_target) c += kTreeAttnTileKv;
     for (; c < chunk; c *= 2) {
       int64_t rows = 0;
       for (const auto& r : requests) {
@@ -66,13 +81,17 @@ StatusOr<TreeAttentionPlan> PlanTreeAttention(std::span<kernels::TreeAttentionRe
   plan.rows_per_item = rows_per_item;
 
   plan.token_request.resize(static_cast<size_t>(expect));
+  int64_t blocks = 0;
+  for (auto& r : requests) {
+    r.num_chunks = static_cast<int32_t>(CeilDiv(std::max(r.kv_len, 1), chunk));
+    blocks += r.num_chunks * CeilDiv(r.token_count * group, rows_per_item) * o.kv_heads;
+  }
   // Each request's last chunk comes first: it holds the tree's window, whose tiles run token by
   // token and take longest, so those blocks start in the first wave and the others fill around
-  // them.
+  // them. The chunks from the one holding the window's first tile on are spread where they fit.
   std::vector<kernels::TreeAttentionWorkItem> rest;
   for (size_t ri = 0; ri < requests.size(); ++ri) {
     auto& r = requests[ri];
-    r.num_chunks = static_cast<int32_t>(CeilDiv(std::max(r.kv_len, 1), chunk));
     r.partial_begin = 0;
     if (r.num_chunks > 1) {
       r.partial_begin = plan.partial_rows;
@@ -82,9 +101,20 @@ StatusOr<TreeAttentionPlan> PlanTreeAttention(std::span<kernels::TreeAttentionRe
     std::fill_n(plan.token_request.begin() + r.token_begin, r.token_count,
                 static_cast<int32_t>(ri));
     const int32_t rows = static_cast<int32_t>(r.token_count * group);
-    for (int32_t c = r.num_chunks - 1; c >= 0; --c)
-      for (int32_t row = 0; row < rows; row += rows_per_item)
-        (c == r.num_chunks - 1 ? plan.work : rest).push_back({static_cast<int32_t>(ri), row, c});
+    const int32_t first_window_chunk =
+        static_cast<int32_t>(r.kv_prefix / kTreeAttnTileKv * kTreeAttnTileKv / chunk);
+    const int64_t extra = spread_extra(r) * (r.num_chunks - first_window_chunk);
+    const bool spread = extra > 0 && blocks + extra <= o.target_blocks;
+    if (spread) blocks += extra;
+    for (int32_t c = r.num_chunks - 1; c >= 0; --c) {
+      const bool spread_c = spread && c >= first_window_chunk;
+      const int32_t step = spread_c ? kernels::kTreeAttnSpreadRows : rows_per_item;
+      for (int32_t row = 0; row < rows; row += step) {
+        (c == r.num_chunks - 1 ? plan.work : rest)
+            .push_back({static_cast<int32_t>(ri), row, c, spread_c ? 1 : 0});
+        plan.spread_items += spread_c ? 1 : 0;
+      }
+    }
   }
   plan.work.insert(plan.work.end(), rest.begin(), rest.end());
   if (plan.partial_rows > o.partial_capacity_rows)

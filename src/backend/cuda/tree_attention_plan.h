@@ -35,6 +35,12 @@ struct TreeAttentionPlanOptions {
   // (token, group head) rows per work item: kernels::TreeAttentionRowsPerItem of the launch's
   // input type and head size (the tensor-core kernel takes 64 rows per block, the other 16).
   int32_t rows_per_item = kernels::kTreeAttnRowsPerBlock;
+  // Tensor-core kernel: cut the chunks that hold a tree's window into spread items
+  // (TreeAttentionWorkItem::spread) where a token has fewer than 4 rows (GQA group < 4, so a
+  // 64-row item gives each warp more than 4 tokens to run one by one) and the blocks, with them,
+  // still fit target_blocks (requests in order). Off: every item has rows_per_item rows (the same
+  // results bit for bit; benchmarks compare the two).
+  bool spread_windows = true;
 };
 
 struct TreeAttentionPlan {
@@ -46,6 +52,7 @@ struct TreeAttentionPlan {
   int32_t max_window = 0;                                  // TreeAttentionParams::max_window
   int64_t partial_rows = 0;  // partial rows used
   bool any_split = false;
+  int32_t spread_items = 0;  // work items with spread set
 };
 
 // Plans `requests` (token_begin, token_count, kv_prefix, masked_kv filled in; tokens contiguous
