@@ -231,8 +231,15 @@ __global__ void __launch_bounds__(kThreads, (MinBlocks<T, kDMax>()))
     begin_s[threadIdx.x] = RowBegin(p, rq, wi, static_cast<int32_t>(threadIdx.x), rows);
   }
   __syncthreads();
-  int32_t c1 = c0;  // end of the chunk's keys over all rows
-  for (int r = 0; r < rows; ++r) c1 = max(c1, end_s[r]);
+  int32_t c1 = c0;           // end of the chunk's keys over all rows
+  int32_t first = INT32_MAX;  // the first key any row sees (sliding windows)
+  for (int r = 0; r < rows; ++r) {
+    c1 = max(c1, end_s[r]);
+    first = min(first, begin_s[r]);
+  }
+  // Tiles before every row's sliding window are skipped (they would leave every state as it is:
+  // no key visible, corr 1, p 0).
+  const int32_t k_first = c0 + max(0, first - c0) / kTile * kTile;
 
   // This warp's rows: r = warp + 4 j (its keys end at end_s[r], 0 past the last row, read from
   // shared memory rather than held: registers are tight); lane owns dims [lane * kDPerLane,
@@ -267,7 +274,7 @@ __global__ void __launch_bounds__(kThreads, (MinBlocks<T, kDMax>()))
   auto page_of = [&](int32_t t0) {
     return t0 + lane < c1 && is_shared(t0) ? paged.PageOf(t0 + lane) : 0;
   };
-  int32_t page_ahead = page_of(c0);  // the page of the next tile load_tile loads
+  int32_t page_ahead = page_of(k_first);  // the page of the next tile load_tile loads
   auto load_tile = [&](int32_t t0) {
     const int32_t len = min(kTile, c1 - t0);
     const int64_t lane_row =
@@ -313,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, (MinBlocks<T, kDMax>()))
   };
 
   bool prefetched = false;
-  for (int32_t k0 = c0; k0 < c1; k0 += kTile) {
+  for (int32_t k0 = k_first; k0 < c1; k0 += kTile) {
     if (is_shared(k0)) {
       if (vec_loads && !prefetched) load_tile(k0);
       __syncthreads();  // the previous tile is no longer being read

@@ -14,7 +14,9 @@
 // only the keys of its virtual sequence (below) at index v >= P - W + 1. The virtual index of a
 // key is its position (the committed prefix, then the window entries by depth, as the engine
 // lays out trees), so this is ModelConfig::sliding_window's rule, the CPU's (cpu::AttendKvHead):
-// keys at positions p with P - p < W.
+// keys at positions p with P - p < W. Tiles before every row's window in a block are skipped
+// (not read): a long context costs about the window (a chunk wholly before it only writes its
+// empty partial rows).
 // Soft-capping (params.softcap = cap > 0, Gemma 2): every score s = scale q.k becomes
 // cap tanh(s / cap) before the softmax (computed in the kernels' base-2 units: the same function
 // of s, rounded differently from the CPU's by tanhf).

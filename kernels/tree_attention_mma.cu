@@ -65,6 +65,7 @@ struct PTraits<__nv_bfloat16> {
 // the fragment loads (8 rows x 4 words, or 4 rows of 2-byte pairs) hit distinct banks.
 //   [kQ]    T [kRows][kStride]: the block's queries
 //   [kEnd]  int32 [kRows]: where each row's keys stop in the chunk
+//   [kBegin] int32 [kRows]: where they begin (0 but with a sliding window)
 //   [kMap]  int32 [kWarps][kTile]: each warp's row map of its current window tile
 //   [kKv]   the ring, kStages x (K tile, V tile) of T [kTile][kStride]; after the shared tiles,
 //           the window pool: K rows [pool_rows][kStride], then V rows [pool_rows][kStride]
@@ -77,7 +78,8 @@ struct MmaLayout {
   static constexpr int kStages = 4;
   static constexpr int kQ = 0;
   static constexpr int kEnd = kQ + kRows * kRowBytes;
-  static constexpr int kMap = kEnd + kRows * 4;
+  static constexpr int kBegin = kEnd + kRows * 4;
+  static constexpr int kMap = kBegin + kRows * 4;
   static constexpr int kKv = kMap + kWarps * kTile * 4;
   static constexpr int kStageBytes = 2 * kTile * kRowBytes;
   static constexpr int kRingBytes = kStages * kStageBytes;
@@ -272,6 +274,7 @@ __device__ __forceinline__ void AttendItem(const TreeAttentionParams& p,
   char* const smem = reinterpret_cast<char*>(attn_smem);
   T* const q_s = reinterpret_cast<T*>(smem + L::kQ);
   int32_t* const end_s = reinterpret_cast<int32_t*>(smem + L::kEnd);
+  int32_t* const begin_s = reinterpret_cast<int32_t*>(smem + L::kBegin);
   char* const kv_s = smem + L::kKv;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   int32_t* const map_w = reinterpret_cast<int32_t*>(smem + L::kMap) + warp * kTile;
@@ -300,20 +303,26 @@ __device__ __forceinline__ void AttendItem(const TreeAttentionParams& p,
     }
     *reinterpret_cast<uint4*>(q_s + rr * L::kStride + d0) = val;
   }
-  // Where each row's virtual sequence stops in this chunk (0 past the last row).
-  if (threadIdx.x < kRows)
+  // Where each row's virtual sequence stops in this chunk (0 past the last row) and begins.
+  if (threadIdx.x < kRows) {
     end_s[threadIdx.x] = RowEnd(p, rq, wi, static_cast<int32_t>(threadIdx.x), rows);
+    begin_s[threadIdx.x] = RowBegin(p, rq, wi, static_cast<int32_t>(threadIdx.x), rows);
+  }
   __syncthreads();
-  int32_t c1 = c0;  // end of the chunk's keys over all rows
-  for (int r = 0; r < rows; ++r) c1 = max(c1, end_s[r]);
+  int32_t c1 = c0;           // end of the chunk's keys over all rows
+  int32_t first = INT32_MAX;  // the first key any row sees (sliding windows)
+  for (int r = 0; r < rows; ++r) {
+    c1 = max(c1, end_s[r]);
+    first = min(first, begin_s[r]);
+  }
 
   // This lane's rows in the block (mma rows g and g + 8), -1 where it has none.
   const int lane_row[2] = {kWarpRows == 16 || g < 4 ? first_row + g : -1,
                            kWarpRows == 16 ? first_row + g + 8 : -1};
   const int32_t end[2] = {lane_row[0] < 0 ? 0 : end_s[lane_row[0]],
                           lane_row[1] < 0 ? 0 : end_s[lane_row[1]]};
-  const int32_t begin[2] = {lane_row[0] < 0 ? 0 : RowBegin(p, rq, wi, lane_row[0], rows),
-                            lane_row[1] < 0 ? 0 : RowBegin(p, rq, wi, lane_row[1], rows)};
+  const int32_t begin[2] = {lane_row[0] < 0 ? 0 : begin_s[lane_row[0]],
+                            lane_row[1] < 0 ? 0 : begin_s[lane_row[1]]};
   int32_t warp_end = 0;  // where the warp's rows' keys stop
   for (int r = first_row; r < first_row + kWarpRows; ++r) warp_end = max(warp_end, end_s[r]);
   RowState<kD, kSplit> st;
@@ -333,6 +342,9 @@ __device__ __forceinline__ void AttendItem(const TreeAttentionParams& p,
   const int32_t tail_begin = rq.kv_prefix / kTile * kTile;  // the first window tile
   const int32_t s_end = causal ? c1 : max(c0, min(c1, tail_begin));
   const int32_t n_shared = (s_end - c0 + kTile - 1) / kTile;
+  // Tiles before every row's sliding window are skipped (they would leave every state as it is:
+  // no key visible, corr 1, p 0).
+  const int32_t t_first = min(n_shared, max(0, first - c0) / kTile);
   auto stage_k = [&](int t) { return reinterpret_cast<T*>(kv_s + (t % kStages) * L::kStageBytes); };
   // The pages of the keys this thread copies for the next tile to issue, read a tile ahead of the
   // copies so that the page table's latency is not on their path.
@@ -363,10 +375,10 @@ __device__ __forceinline__ void AttendItem(const TreeAttentionParams& p,
     load_pages(t + 1);
   };
   const RowMap identity = IdentityMap();
-  load_pages(0);
+  load_pages(t_first);
 #pragma unroll
-  for (int t = 0; t < kStages - 1; ++t) issue(t);
-  for (int t = 0; t < n_shared; ++t) {
+  for (int u = 0; u < kStages - 1; ++u) issue(t_first + u);
+  for (int t = t_first; t < n_shared; ++t) {
     CpAsyncWait<kStages - 2>();  // tile t has landed (this thread's part)
     __syncthreads();             // everyone's part; nobody still reads tile t - 1's stage
     issue(t + kStages - 1);      // into tile t - 1's stage
@@ -414,7 +426,7 @@ __device__ __forceinline__ void AttendItem(const TreeAttentionParams& p,
         const int32_t i = (wi.row_begin + r) / group;
         if (rr > 0 && (wi.row_begin + r - 1) / group == i) continue;  // its token's rows are done
         const int32_t e = end_s[r];
-        if (e <= k0) continue;
+        if (e <= k0 || begin_s[r] >= k0 + kTile) continue;  // (a token's rows begin alike)
         // Lane c: where the token's key at virtual position k0 + c is (none past its end).
         const int32_t v = k0 + lane;
         const int32_t pos = v >= e ? -1 : KeyPosition(rq, p.mask_words, i, v);

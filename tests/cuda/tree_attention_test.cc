@@ -653,6 +653,42 @@ TEST(CudaTreeAttention, SlidingWindowMatchesReference) {
   }
 }
 
+// Keys before every row's sliding window are not read: NaN in their K and V (which a masked key's
+// zero weight would still carry into the output: 0 x NaN) leaves every row equal to the
+// reference, on both kernels, for a decoding token, a causal chunk and a tree over a long
+// prefix, unsplit and in fixed chunks of 256 (the first chunks then lie wholly before the window).
+TEST(CudaTreeAttention, KeysBeforeTheSlidingWindowAreNotRead) {
+  const struct {
+    AttnType type;
+    int32_t hd;
+  } kinds[] = {{AttnType::kF32, 64}, {AttnType::kF16, 64}, {AttnType::kF16, 32}};
+  for (const auto& kind : kinds) {
+    for (int32_t fixed : {0, 256}) {
+      Problem p;
+      p.qo_heads = 4;
+      p.kv_heads = 2;
+      p.head_dim = kind.hd;
+      p.type = kind.type;
+      p.sliding_window = 100;
+      p.reqs = {{1, 1000, 0, Shape::kRandomTree},
+                {20, 1000, 0, Shape::kCausal},
+                {16, 1000, 0, Shape::kRandomTree}};
+      std::vector<RequestData> data = MakeAll(p, 61);
+      // Every row's window begins at 901 or later (positions 1000 and on): keys before the tile
+      // holding 901 are never visible.
+      const size_t row = static_cast<size_t>(p.kv_heads) * p.head_dim;
+      for (RequestData& d : data) {
+        std::fill_n(d.k.begin(), 896 * row, std::nanf(""));
+        std::fill_n(d.v.begin(), 896 * row, std::nanf(""));
+      }
+      const Result r = RunKernel(p, data, 62, fixed ? 1 << 22 : 0, fixed, true);
+      const double tol = Tolerance(p.type, true);
+      EXPECT_ALL_CLOSE(r.got, Reference(p, data), tol, tol,
+                       "chunk " + std::to_string(fixed) + " " + Describe(p));
+    }
+  }
+}
+
 // With a sliding window a tree node still gets bit for bit what decoding its path one token at a
 // time gets (the window cuts both at the same key).
 TEST(CudaTreeAttention, SlidingWindowTreeNodeEqualsItsPathDecoded) {
