@@ -5,7 +5,8 @@
 #   scripts/gpu_check.sh tests       the GPU tests (ctest -L gpu: cuda_tests on GPU 0, and
 #                                    dist_cuda_tests; the multi-GPU ones skip below their GPU count;
 #                                    cuda_tests alone in a scripts/gpu_bundle.sh bundle)
-#   scripts/gpu_check.sh attention   tree-attention kernel, trees 8-128, contexts 512-8192, batch 1-32
+#   scripts/gpu_check.sh attention   tree-attention kernel, trees 8-128, contexts 512-8192, batch 1-32,
+#                                    then again without spread window items (--no-spread)
 #   scripts/gpu_check.sh step        one step of a random fp16 Llama-2-7B shape by tree size 1-128,
 #                                    then decode tokens/s, each launched kernel by kernel and
 #                                    replayed from a CUDA graph
@@ -38,7 +39,11 @@ run_step() {
         "$BUILD_DIR/tests/cuda_tests"
       fi
       ;;
-    attention) "$BUILD_DIR/bench_cuda_attention" ;;
+    attention)
+      "$BUILD_DIR/bench_cuda_attention"
+      # The same shapes with every tree window in 64-row items (the layout before spread items).
+      "$BUILD_DIR/bench_cuda_attention" --no-spread
+      ;;
     step)
       "$BUILD_DIR/bench_cuda_step"
       "$BUILD_DIR/bench_cuda_step" --decode 128
