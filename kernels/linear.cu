@@ -1,3 +1,6 @@
+#include <algorithm>
+#include <atomic>
+
 #include "device_types.cuh"
 #include "kquant.cuh"
 #include "launch.cuh"
@@ -530,6 +533,34 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// A lane's weight rows for kM 16-row tiles from row r0: rows g and g + 8 of each (past the end:
+// the last row, never written back).
+template <int kM>
+__device__ __forceinline__ void WeightRows(const uint16_t* w, int64_t rows, int64_t cols,
+                                           int64_t r0, int g, const uint16_t* (&wr)[kM][2]) {
+#pragma unroll
+  for (int m = 0; m < kM; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = r0 + 16 * m + 8 * h + g;
+      wr[m][h] = w + (r < rows ? r : rows - 1) * cols;
+    }
+}
+
+// The A fragments of one 32-column step at column c (= step * 32 + 8 q): each row's columns
+// c..c+7 in one 16-byte load, c..c+3 for the first product, c+4..c+7 for the second (see above).
+template <int kM>
+__device__ __forceinline__ void LoadWeightStep(const uint16_t* (&wr)[kM][2], int64_t c,
+                                               uint32_t (&a)[kM][2][4]) {
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+    const uint4 r = *reinterpret_cast<const uint4*>(wr[m][0] + c);
+    const uint4 v = *reinterpret_cast<const uint4*>(wr[m][1] + c);
+    a[m][0][0] = r.x, a[m][0][1] = v.x, a[m][0][2] = r.y, a[m][0][3] = v.y;
+    a[m][1][0] = r.z, a[m][1][1] = v.z, a[m][1][2] = r.w, a[m][1][3] = v.w;
+  }
+}
+
 // Blocks per SM ptxas must fit (no spills on sm_80/sm_90): 2 (128 registers) for one row tile
 // (decode's prefetched weights and activations), one for two (their 64 accumulators). A 4096-row
 // matrix has 256 blocks of one row tile: about 2 per SM of an H100 anyway.
@@ -546,16 +577,9 @@ __global__ void __launch_bounds__(kMmaThreads, kM == 1 ? 2 : 1)
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 16 * kM;
   const int t0 = static_cast<int>(blockIdx.y) * 8 * kT;
 
-  // This lane's weight rows (g and g + 8 of each 16-row tile; past the end: the last row, never
-  // written back) and its B-fragment token (g of each 8-token tile).
+  // This lane's weight rows; its B-fragment token is g of each 8-token tile.
   const uint16_t* wr[kM][2];
-#pragma unroll
-  for (int m = 0; m < kM; ++m)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t r = r0 + 16 * m + 8 * h + g;
-      wr[m][h] = w + (r < rows ? r : rows - 1) * cols;
-    }
+  WeightRows<kM>(w, rows, cols, r0, g, wr);
   // F16 scales: for up to 8 tokens the block computes its tokens' own (a maximum is exact, so
   // they equal SplitKernel's), which saves a dependent launch per product on the decode path;
   // else from `scale` (SplitKernel). The weights of the first steps are asked into L2 first,
@@ -630,13 +654,7 @@ __global__ void __launch_bounds__(kMmaThreads, kM == 1 ? 2 : 1)
     for (int u = 0; u < kU; ++u) {
       if (u != 0 && u >= here) break;
       const int64_t c = (k + u * kMmaWarps) * 32 + q * 8;
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        const uint4 r = *reinterpret_cast<const uint4*>(wr[m][0] + c);
-        const uint4 v = *reinterpret_cast<const uint4*>(wr[m][1] + c);
-        a[u][m][0][0] = r.x, a[u][m][0][1] = v.x, a[u][m][0][2] = r.y, a[u][m][0][3] = v.y;
-        a[u][m][1][0] = r.z, a[u][m][1][1] = v.z, a[u][m][1][2] = r.w, a[u][m][1][3] = v.w;
-      }
+      LoadWeightStep<kM>(wr, c, a[u]);
       if constexpr (kPrefetchX) {
 #pragma unroll
         for (int j = 0; j < kT; ++j) xv[u][j][0] = xv[u][j][1] = make_float4(0, 0, 0, 0);
@@ -719,6 +737,158 @@ __global__ void __launch_bounds__(kMmaThreads, kM == 1 ? 2 : 1)
   }
 }
 
+// 17-64 tokens: blocks that own a partition rather than all of them. LinearMmaKernel's block
+// holds all 8 partitions of its 16 or 32 rows, so every block reads every column's activations
+// (from L2): for 32 or 64 tokens 4 bytes of activation parts per weight byte. Here block (x, p)
+// computes partition p alone for 256 rows (warp w: 32 of them, 2 row tiles) and up to 8 kT
+// tokens (kT = 4 or 8 token tiles): the partition's activation parts of each step are staged once
+// in shared memory (asynchronous copies, two buffers) and read there by all 8 warps, a quarter or
+// half a byte per weight byte. Each warp runs its steps exactly as LinearMmaKernel's warp p does
+// (steps p, p + 8, ... in order, parts in order, two m16n8k16 products each) and writes its
+// partition sums to partial[p][t][r]; LinearPartSumKernel adds the 8 in partition order, as
+// LinearMmaKernel's epilogue does, so the bits are the same.
+constexpr int kPartRowTiles = 2;                           // 16-row tiles per warp
+constexpr int kPartRows = kMmaWarps * 16 * kPartRowTiles;  // 256 rows per block
+constexpr int kPartTokens = 64;                            // the most tokens (8 tiles)
+
+// Blocks per SM ptxas must fit without spills (sm_80/sm_90): 2 (128 registers) for 4 token tiles,
+// one for 8 (their 64 accumulators; F16 spills at 128 registers).
+template <ElemType W, int kT>
+__global__ void __launch_bounds__(kMmaThreads, kT <= 4 ? 2 : 1)
+    LinearPartKernel(const uint16_t* __restrict__ w, int64_t rows, int64_t cols, int32_t n,
+                     const uint16_t* __restrict__ split, float* __restrict__ partial) {
+  constexpr bool kBf16 = W == ElemType::kBF16;
+  constexpr int kParts = kBf16 ? 3 : 2;
+  constexpr int kM = kPartRowTiles, kTokens = 8 * kT;
+  // [buffer][part][token][32 columns] 16-bit: one step's activation parts for the block's tokens.
+  __shared__ uint4 stage[2][kParts][kTokens][4];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int p = static_cast<int>(blockIdx.y);  // the partition
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kPartRows + warp * 16 * kM;
+  const int64_t steps = cols / 32;
+
+  const uint16_t* wr[kM][2];
+  WeightRows<kM>(w, rows, cols, r0, g, wr);
+  // Step k's parts into buffer b: thread i copies 16 bytes (token i / 4, columns 8 (i % 4)..).
+  auto issue = [&](int64_t k, int b) {
+    if (k < steps) {
+#pragma unroll
+      for (int part = 0; part < kParts; ++part)
+#pragma unroll
+        for (int i = threadIdx.x; i < kTokens * 4; i += kMmaThreads) {
+          const int tt = i / 4, c8 = i % 4;
+          const int t = tt;
+          const uint16_t* src =
+              split + (int64_t{part} * n + (t < n ? t : 0)) * cols + k * 32 + c8 * 8;
+          CpAsync16(&stage[b][part][tt][c8], src, t < n);
+        }
+    }
+    CpAsyncCommit();
+  };
+  auto load_w = [&](int64_t k, uint32_t(&a)[kM][2][4]) {
+    LoadWeightStep<kM>(wr, k * 32 + q * 8, a);
+  };
+
+  float acc[kM][kT][4];
+#pragma unroll
+  for (int m = 0; m < kM; ++m)
+#pragma unroll
+    for (int j = 0; j < kT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[m][j][i] = 0.0f;
+
+  uint32_t a[kM][2][4];
+  if (p < steps) load_w(p, a);
+  issue(p, 0);
+  int b = 0;
+  for (int64_t k = p; k < steps; k += kMmaWarps, b ^= 1) {
+    // The next step's weights, in flight during this one (the last step reloads its own).
+    uint32_t an[kM][2][4];
+    const bool more = k + kMmaWarps < steps;
+    load_w(more ? k + kMmaWarps : k, an);
+    issue(k + kMmaWarps, b ^ 1);
+    CpAsyncWait<1>();  // this step's parts (this thread's copies)
+    __syncthreads();   // everyone's
+#pragma unroll
+    for (int j = 0; j < kT; ++j) {
+#pragma unroll
+      for (int part = 0; part < kParts; ++part) {
+        const uint4 h = stage[b][part][8 * j + g][q];
+        const uint32_t b0[2] = {h.x, h.y};
+        const uint32_t b1[2] = {h.z, h.w};
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          Mma16816<kBf16>(acc[m][j], a[m][0], b0);
+          Mma16816<kBf16>(acc[m][j], a[m][1], b1);
+        }
+      }
+    }
+    __syncthreads();  // nobody reads buffer b while the next step's copies go into it
+    if (!more) break;
+#pragma unroll
+    for (int m = 0; m < kM; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[m][h][i] = an[m][h][i];
+  }
+  CpAsyncWait<0>();
+
+  // This warp's partition sums: acc[m][j][i] is row 16 m + g (+ 8 for i >= 2), token 8 j + 2 q
+  // (+ 1 for odd i).
+#pragma unroll
+  for (int m = 0; m < kM; ++m)
+#pragma unroll
+    for (int j = 0; j < kT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t r = r0 + 16 * m + g + (i >= 2 ? 8 : 0);
+        const int t = 8 * j + 2 * q + (i & 1);
+        if (r < rows && t < n) partial[(int64_t{p} * n + t) * rows + r] = acc[m][j][i];
+      }
+}
+
+// y[t, r] = the 8 partition sums added in partition order (then F16's exact unscaling and beta),
+// LinearMmaKernel's epilogue.
+template <bool kF16>
+__global__ void __launch_bounds__(256)
+    LinearPartSumKernel(const float* __restrict__ partial, int64_t rows, int32_t n,
+                        const float* __restrict__ scale, float* y, float beta) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
+  if (e >= rows * n) return;
+  const int64_t t = e / rows;
+  float s = partial[e];
+#pragma unroll
+  for (int p = 1; p < kMmaWarps; ++p) s = __fadd_rn(s, partial[p * rows * n + e]);
+  if constexpr (kF16) s = __fmul_rn(s, scale[n + t]);  // exact: a power of two
+  y[e] = beta == 0.0f ? s : __fmaf_rn(beta, y[e], s);
+}
+
+std::atomic<bool> g_partition_blocks{true};  // SetLinearPartitionBlocks
+
+// Where the partition sums start in the scratch (floats), after the F16 scales and the parts.
+__host__ __device__ constexpr int64_t PartialOffset(ElemType type, int64_t cols, int32_t n) {
+  return (PartsOffset(n) + (type == ElemType::kF16 ? 2 : 3) * int64_t{n} * cols / 2 + 3) / 4 * 4;
+}
+
+template <ElemType W, int kT>
+cudaError_t LaunchPartShape(const void* w, int64_t rows, int64_t cols, int32_t n, float* scratch,
+                            float* y, float beta, cudaStream_t stream) {
+  const int64_t gx = (rows + kPartRows - 1) / kPartRows;
+  if (gx > 0x7fffffff || n > 8 * kT || rows * n / 256 >= 0x7fffffff) return cudaErrorInvalidValue;
+  float* partial = scratch + PartialOffset(W, cols, n);
+  SPECINFER_LAUNCH(dim3(static_cast<unsigned>(gx), kMmaWarps), dim3(kMmaThreads), 0, stream,
+                   LinearPartKernel<W, kT>)
+  (static_cast<const uint16_t*>(w), rows, cols, n,
+   reinterpret_cast<const uint16_t*>(scratch + PartsOffset(n)), partial);
+  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+  const int64_t elems = rows * n;
+  SPECINFER_LAUNCH(dim3(static_cast<unsigned>((elems + 255) / 256)), dim3(256), 0, stream,
+                   LinearPartSumKernel<W == ElemType::kF16>)
+  (partial, rows, n, scratch, y, beta);
+  return cudaGetLastError();
+}
+
 template <ElemType W, int kM, int kT>
 cudaError_t LaunchMmaShape(const void* w, int64_t rows, int64_t cols, const float* x, int32_t n,
                            float* scratch, float* y, float beta, cudaStream_t stream) {
@@ -752,17 +922,31 @@ cudaError_t LaunchMma(const void* w, int64_t rows, int64_t cols, const float* x,
   (x, cols, n, scratch, reinterpret_cast<uint16_t*>(scratch + PartsOffset(n)));
   if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   if (n <= 16) return LaunchMmaShape<W, 1, 2>(w, rows, cols, x, n, scratch, y, beta, stream);
-  if (n <= 32) return LaunchMmaShape<W, 1, 4>(w, rows, cols, x, n, scratch, y, beta, stream);
+  const bool parts = g_partition_blocks.load(std::memory_order_relaxed);
+  if (n <= 32) {
+    return parts ? LaunchPartShape<W, 4>(w, rows, cols, n, scratch, y, beta, stream)
+                 : LaunchMmaShape<W, 1, 4>(w, rows, cols, x, n, scratch, y, beta, stream);
+  }
+  if (n <= kPartTokens && parts)
+    return LaunchPartShape<W, 8>(w, rows, cols, n, scratch, y, beta, stream);
   return LaunchMmaShape<W, 2, 8>(w, rows, cols, x, n, scratch, y, beta, stream);
 }
 
 }  // namespace
 
-int64_t LinearScratchFloats(ElemType type, int64_t cols, int32_t n) {
+void SetLinearPartitionBlocks(bool on) { g_partition_blocks.store(on); }
+
+int64_t LinearScratchFloats(ElemType type, int64_t rows, int64_t cols, int32_t n) {
   if (!UsesMma(type, cols)) return 0;
   if (n <= 8) return 0;  // the product kernel splits the activations itself
-  // The F16 scales, then 2 (F16) or 3 (BF16) 16-bit parts per activation.
-  return PartsOffset(n) + (type == ElemType::kF16 ? 2 : 3) * int64_t{n} * cols / 2;
+  // The F16 scales, then 2 (F16) or 3 (BF16) 16-bit parts per activation; for 17-64 tokens then
+  // the 8 partition sums of every output (LinearPartKernel). The most any n' <= n needs.
+  int64_t need = PartsOffset(n) + (type == ElemType::kF16 ? 2 : 3) * int64_t{n} * cols / 2;
+  if (n > 16) {
+    const int32_t m = std::min(n, kPartTokens);
+    need = std::max(need, PartialOffset(type, cols, m) + int64_t{kMmaWarps} * m * rows);
+  }
+  return need;
 }
 
 cudaError_t LaunchLinear(ElemType type, const void* w, int64_t rows, int64_t cols, const float* x,

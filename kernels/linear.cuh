@@ -19,7 +19,9 @@
 // instead (mma.m16n8k16, sm_80+): the float32 activations split into two fp16 parts (with a
 // per-token power-of-two scale against overflow) or three bf16 parts whose sum is x to float32
 // precision (split by each block for up to 8 tokens, once by a first kernel for more), each
-// multiplied exactly by the 16-bit weights, accumulated in float32; the order of
+// multiplied exactly by the 16-bit weights, accumulated in float32 (17-64 tokens: blocks that
+// each own one of the 8 column partitions of 256 rows, the partition sums added in order by a
+// last kernel, so that a step's activations are read once per 256 rows); the order of
 // every addition is again fixed by cols alone (see "Tensor-core path" in linear.cu), so this path
 // is batch-invariant too. Tolerance as below; the tensor cores' own summation order within a
 // 16-column product is the hardware's.
@@ -47,13 +49,19 @@
 
 namespace specinfer::kernels {
 
-// Device scratch, in floats, that a product of this type and width needs for n tokens (the
+// Device scratch, in floats, that a product of this type and shape needs for n tokens (the
 // tensor-core path for more than 8 tokens: the activations split once into their 16-bit parts,
-// and F16's scales); 0 when none.
-int64_t LinearScratchFloats(ElemType type, int64_t cols, int32_t n);
+// and F16's scales; for 17-64 tokens also the 8 partition sums of every output); 0 when none.
+// Enough for any product of at most these rows, columns and tokens.
+int64_t LinearScratchFloats(ElemType type, int64_t rows, int64_t cols, int32_t n);
 
-// `scratch`: LinearScratchFloats(type, cols, n) floats of device memory (may be null when that is
-// 0; else null is cudaErrorInvalidValue).
+// Whether 17-64-token products of 16-bit weights run on the partition blocks (the default) or on
+// the 32- and 64-token tiles of all partitions that ran them before (the same bits; benchmarks
+// compare the two: bench_cuda_step --no-partition-blocks). Process-wide, for later launches.
+void SetLinearPartitionBlocks(bool on);
+
+// `scratch`: LinearScratchFloats(type, rows, cols, n) floats of device memory (may be null when
+// that is 0; else null is cudaErrorInvalidValue).
 cudaError_t LaunchLinear(ElemType type, const void* w, int64_t rows, int64_t cols, const float* x,
                          int32_t n, float* y, float beta, cudaStream_t stream,
                          float* scratch = nullptr);

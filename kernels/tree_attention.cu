@@ -231,7 +231,7 @@ __global__ void __launch_bounds__(kThreads, (MinBlocks<T, kDMax>()))
     begin_s[threadIdx.x] = RowBegin(p, rq, wi, static_cast<int32_t>(threadIdx.x), rows);
   }
   __syncthreads();
-  int32_t c1 = c0;           // end of the chunk's keys over all rows
+  int32_t c1 = c0;            // end of the chunk's keys over all rows
   int32_t first = INT32_MAX;  // the first key any row sees (sliding windows)
   for (int r = 0; r < rows; ++r) {
     c1 = max(c1, end_s[r]);

@@ -9,7 +9,8 @@
 #                                    then again without spread window items (--no-spread)
 #   scripts/gpu_check.sh step        one step of a random fp16 Llama-2-7B shape by tree size 1-128,
 #                                    then decode tokens/s, each launched kernel by kernel and
-#                                    replayed from a CUDA graph
+#                                    replayed from a CUDA graph; trees of 32 and 64 also without the
+#                                    partition blocks (--no-partition-blocks)
 #   scripts/gpu_check.sh torch       the same beside PyTorch SDPA and HF transformers (needs torch,
 #                                    transformers)
 #   scripts/gpu_check.sh cluster     configs/single-gpu.yaml (an LLM worker process on GPU 0) serving
@@ -46,6 +47,8 @@ run_step() {
       ;;
     step)
       "$BUILD_DIR/bench_cuda_step"
+      # 32- and 64-token trees with their products on the shape before the partition blocks.
+      "$BUILD_DIR/bench_cuda_step" --trees 1,32,64 --no-partition-blocks
       "$BUILD_DIR/bench_cuda_step" --decode 128
       ;;
     torch) python3 "$ROOT/scripts/bench_cuda_vs_torch.py" --build "$BUILD_DIR" ;;

@@ -15,7 +15,11 @@
 // figure with Hugging Face transformers).
 //
 //   bench_cuda_step [--preset llama2-7b|tiny|micro] [--context 512] [--trees 1,2,4,8,16,32,64,128]
-//                   [--iters 10] [--decode 0] [--kv f16|f32]
+//                   [--iters 10] [--decode 0] [--kv f16|f32] [--no-partition-blocks]
+//
+// --no-partition-blocks runs 17-64-token products on the 32- and 64-token tiles of all partitions
+// (kernels::SetLinearPartitionBlocks(false): the shape before the partition blocks, the same
+// bits), their baseline.
 //
 // Presets: llama2-7b (dim 4096, 32 layers, 32 heads, ffn 11008, vocab 32000), tiny (for a quick
 // check: dim 512, 4 layers), micro (dim 256, 2 layers, vocab 2048: the CUDA emulator's smoke run).
@@ -31,6 +35,7 @@
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_runner.h"
 #include "kv/kv_cache.h"
+#include "linear.cuh"
 
 namespace specinfer {
 namespace {
@@ -75,7 +80,11 @@ int main(int argc, char** argv) {
   app.add_option("--iters", iters);
   app.add_option("--decode", decode, "generate this many tokens one by one instead");
   app.add_option("--kv", kv_type)->check(CLI::IsMember({"f16", "f32"}));
+  bool no_partition_blocks = false;
+  app.add_flag("--no-partition-blocks", no_partition_blocks,
+               "17-64-token products on the tiles of all partitions (the shape before)");
   CLI11_PARSE(app, argc, argv);
+  kernels::SetLinearPartitionBlocks(!no_partition_blocks);
   if (cuda::DeviceCount() == 0) {
     std::fprintf(stderr, "error: no CUDA device found: this benchmark needs a GPU\n");
     return 2;

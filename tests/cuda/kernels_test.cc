@@ -52,10 +52,10 @@ std::vector<int64_t> ColsFor(const TypePair& tp, std::vector<int64_t> plain,
 }
 
 // Device scratch for kernels::LaunchLinear, valid until the next call.
-float* LinearScratch(ElemType type, int64_t cols, int32_t n) {
+float* LinearScratch(ElemType type, int64_t rows, int64_t cols, int32_t n) {
   static std::unique_ptr<DeviceArray<float>> scratch;
   scratch = std::make_unique<DeviceArray<float>>(
-      static_cast<size_t>(std::max<int64_t>(1, kernels::LinearScratchFloats(type, cols, n))));
+      static_cast<size_t>(std::max<int64_t>(1, kernels::LinearScratchFloats(type, rows, cols, n))));
   return scratch->get();
 }
 
@@ -167,7 +167,7 @@ TEST(CudaLinear, MatchesFp64ReferenceOnEveryType) {
             DeviceArray<uint8_t> dw(bytes);
             DeviceArray<float> dx(x), dy(y0);
             CUDA_OK(kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, dx.get(), n, dy.get(),
-                                          beta, nullptr, LinearScratch(tp.etype, cols, n)));
+                                          beta, nullptr, LinearScratch(tp.etype, rows, cols, n)));
             const std::vector<float> got = dy.Download();
             // Per-element tolerance: 1e-5 of the magnitude sum.
             std::vector<double> err(got.size()), zero(got.size(), 0.0);
@@ -197,7 +197,7 @@ TEST(CudaLinear, IsBatchInvariant) {
     DeviceArray<uint8_t> dw(bytes);
     DeviceArray<float> dx(x), dy(static_cast<size_t>(n * rows));
     CUDA_OK(kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, dx.get(), n, dy.get(), 0.0f,
-                                  nullptr, LinearScratch(tp.etype, cols, n)));
+                                  nullptr, LinearScratch(tp.etype, rows, cols, n)));
     const std::vector<float> all = dy.Download();
     for (int32_t t : {0, 1, 7, 8, 20}) {
       for (int32_t count : {1, 2, 3, 4, 5, 9}) {
@@ -206,7 +206,7 @@ TEST(CudaLinear, IsBatchInvariant) {
             std::vector<float>(x.begin() + t * cols, x.begin() + (t + count) * cols));
         DeviceArray<float> sy(static_cast<size_t>(count * rows));
         CUDA_OK(kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, sx.get(), count, sy.get(),
-                                      0.0f, nullptr, LinearScratch(tp.etype, cols, count)));
+                                      0.0f, nullptr, LinearScratch(tp.etype, rows, cols, count)));
         const std::vector<float> part = sy.Download();
         const std::vector<float> want(all.begin() + t * rows, all.begin() + (t + count) * rows);
         EXPECT_ALL_CLOSE(part, want, 0.0, 0.0,
@@ -240,7 +240,7 @@ TEST(CudaLinear, TilesAndChunksKeepTheOrder) {
       DeviceArray<uint8_t> dw(bytes);
       DeviceArray<float> dx(x), dy(static_cast<size_t>(n * rows));
       CUDA_OK(kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, dx.get(), n, dy.get(), 0.0f,
-                                    nullptr, LinearScratch(tp.etype, cols, n)));
+                                    nullptr, LinearScratch(tp.etype, rows, cols, n)));
       const std::vector<float> all = dy.Download();
 
       std::vector<double> err(all.size()), zero(all.size(), 0.0);
@@ -259,11 +259,79 @@ TEST(CudaLinear, TilesAndChunksKeepTheOrder) {
               std::vector<float>(x.begin() + t * cols, x.begin() + (t + count) * cols));
           DeviceArray<float> sy(static_cast<size_t>(count * rows));
           CUDA_OK(kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, sx.get(), count, sy.get(),
-                                        0.0f, nullptr, LinearScratch(tp.etype, cols, count)));
+                                        0.0f, nullptr, LinearScratch(tp.etype, rows, cols, count)));
           const std::vector<float> want(all.begin() + t * rows, all.begin() + (t + count) * rows);
           EXPECT_ALL_CLOSE(
               sy.Download(), want, 0.0, 0.0,
               what + " tokens " + std::to_string(t) + ".." + std::to_string(t + count));
+        }
+      }
+    }
+  }
+}
+
+// 17-64 tokens of 16-bit weights go through blocks that each own one column partition of 256 rows
+// (LinearPartKernel, then the partition sums added in order): every token equals, bit for bit,
+// what the 64-token tiles of all partitions give it (SetLinearPartitionBlocks(false)), the same
+// token in a 70-token batch (the 64-token tiles of all partitions) and alone (decode),
+// with beta 0 and 1, for 300 rows (a partial second row block), one step (partitions without
+// columns), steps that do not divide by 8, and 1024-wide rows; and is within the fp64 tolerance.
+TEST(CudaLinear, PartitionBlocksKeepTheOrder) {
+  std::mt19937 rng(19);
+  for (const TypePair& tp : kTypes) {
+    if (tp.etype != ElemType::kF16 && tp.etype != ElemType::kBF16) continue;
+    for (int64_t cols : {32, 352, 1024}) {
+      const int64_t rows = cols == 1024 ? 40 : 300;
+      const int32_t big = 70;
+      std::vector<uint8_t> bytes;
+      std::vector<float> wv;
+      RandomMatrix(tp.dtype, rows, cols, rng, &bytes, &wv);
+      const std::vector<float> x = testing::RandomActivations(big * cols, rng);
+      std::vector<float> y0(static_cast<size_t>(big * rows));
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      for (float& v : y0) v = normal(rng);
+      DeviceArray<uint8_t> dw(bytes);
+      for (float beta : {0.0f, 1.0f}) {
+        DeviceArray<float> dx(x), dy(y0);
+        CUDA_OK(kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, dx.get(), big, dy.get(), beta,
+                                      nullptr, LinearScratch(tp.etype, rows, cols, big)));
+        const std::vector<float> all = dy.Download();
+        const std::string what = std::string(DTypeName(tp.dtype)) + " cols " +
+                                 std::to_string(cols) + " beta " + std::to_string(beta);
+        for (const auto& [t, count] : {std::pair{0, 64}, std::pair{5, 33}, std::pair{6, 64},
+                                       std::pair{3, 32}, std::pair{40, 17}, std::pair{61, 1}}) {
+          DeviceArray<float> sx(
+              std::vector<float>(x.begin() + t * cols, x.begin() + (t + count) * cols));
+          DeviceArray<float> sy(
+              std::vector<float>(y0.begin() + t * rows, y0.begin() + (t + count) * rows));
+          CUDA_OK(kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, sx.get(), count, sy.get(),
+                                        beta, nullptr, LinearScratch(tp.etype, rows, cols, count)));
+          const std::vector<float> got = sy.Download();
+          const std::vector<float> want(all.begin() + t * rows, all.begin() + (t + count) * rows);
+          EXPECT_ALL_CLOSE(
+              got, want, 0.0, 0.0,
+              what + " tokens " + std::to_string(t) + ".." + std::to_string(t + count));
+          if (count != 64 && count != 32) continue;
+          // The same tokens on the tiles of all partitions (the shape before): the same bits.
+          DeviceArray<float> ty(
+              std::vector<float>(y0.begin() + t * rows, y0.begin() + (t + count) * rows));
+          kernels::SetLinearPartitionBlocks(false);
+          const cudaError_t tiled =
+              kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, sx.get(), count, ty.get(), beta,
+                                    nullptr, LinearScratch(tp.etype, rows, cols, count));
+          kernels::SetLinearPartitionBlocks(true);
+          CUDA_OK(tiled);
+          EXPECT_ALL_CLOSE(ty.Download(), got, 0.0, 0.0, what + " partition blocks vs tiles");
+          std::vector<double> err(got.size()), zero(got.size(), 0.0);
+          for (int32_t i = 0; i < count; ++i)
+            for (int64_t r = 0; r < rows; ++r) {
+              double a = 0;
+              const double s = Fp64Output(wv, x, cols, t + i, r, &a);
+              const double y = y0[(t + i) * rows + r];
+              err[i * rows + r] =
+                  std::fabs(got[i * rows + r] - (beta * y + s)) / (1e-30 + a + std::fabs(beta * y));
+            }
+          EXPECT_ALL_CLOSE(err, zero, 1e-5, 0.0, what + " (relative error)");
         }
       }
     }
@@ -291,13 +359,13 @@ TEST(CudaLinear, KQuantsReadTheCpuWeightsExactly) {
     DeviceArray<uint8_t> dw(bytes);
     DeviceArray<float> dx(x), dy(want.size());
     CUDA_OK(kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, dx.get(), n, dy.get(), 0.0f,
-                                  nullptr, LinearScratch(tp.etype, cols, n)));
+                                  nullptr, LinearScratch(tp.etype, rows, cols, n)));
     EXPECT_ALL_CLOSE(dy.Download(), want, 0.0, 0.0, std::string(DTypeName(tp.dtype)) + " tiled");
     for (int32_t t : {0, 17, 255, 256, 300, 511}) {
       DeviceArray<float> sx(std::vector<float>(x.begin() + t * cols, x.begin() + (t + 1) * cols));
       DeviceArray<float> sy(static_cast<size_t>(rows));
       CUDA_OK(kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, sx.get(), 1, sy.get(), 0.0f,
-                                    nullptr, LinearScratch(tp.etype, cols, 1)));
+                                    nullptr, LinearScratch(tp.etype, rows, cols, 1)));
       EXPECT_ALL_CLOSE(sy.Download(),
                        std::vector<float>(want.begin() + t * rows, want.begin() + (t + 1) * rows),
                        0.0, 0.0, std::string(DTypeName(tp.dtype)) + " column " + std::to_string(t));
@@ -329,7 +397,7 @@ TEST(CudaLinear, SixteenBitWeightsKeepFloatPrecisionAtAnyActivationScale) {
                                std::to_string(magnitude);
       DeviceArray<float> dx(x), dy(static_cast<size_t>(n * rows));
       CUDA_OK(kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, dx.get(), n, dy.get(), 0.0f,
-                                    nullptr, LinearScratch(tp.etype, cols, n)));
+                                    nullptr, LinearScratch(tp.etype, rows, cols, n)));
       const std::vector<float> all = dy.Download();
       std::vector<double> err(all.size()), zero(all.size(), 0.0);
       for (int32_t t = 0; t < n; ++t)
@@ -343,7 +411,7 @@ TEST(CudaLinear, SixteenBitWeightsKeepFloatPrecisionAtAnyActivationScale) {
         DeviceArray<float> sx(std::vector<float>(x.begin() + t * cols, x.begin() + (t + 1) * cols));
         DeviceArray<float> sy(static_cast<size_t>(rows));
         CUDA_OK(kernels::LaunchLinear(tp.etype, dw.get(), rows, cols, sx.get(), 1, sy.get(), 0.0f,
-                                      nullptr, LinearScratch(tp.etype, cols, 1)));
+                                      nullptr, LinearScratch(tp.etype, rows, cols, 1)));
         EXPECT_ALL_CLOSE(sy.Download(),
                          std::vector<float>(all.begin() + t * rows, all.begin() + (t + 1) * rows),
                          0.0, 0.0, what + " token " + std::to_string(t) + " alone");
@@ -355,8 +423,8 @@ TEST(CudaLinear, SixteenBitWeightsKeepFloatPrecisionAtAnyActivationScale) {
   DeviceArray<float> dx(static_cast<size_t>(many * cols)), dy(static_cast<size_t>(many * rows));
   DeviceArray<uint8_t> dw(static_cast<size_t>(rows * cols * 2));
   for (ElemType type : {ElemType::kF16, ElemType::kBF16}) {
-    EXPECT_EQ(kernels::LinearScratchFloats(type, cols, 8), 0);
-    EXPECT_GE(kernels::LinearScratchFloats(type, cols, many), int64_t{many} * cols);
+    EXPECT_EQ(kernels::LinearScratchFloats(type, rows, cols, 8), 0);
+    EXPECT_GE(kernels::LinearScratchFloats(type, rows, cols, many), int64_t{many} * cols);
     EXPECT_EQ(kernels::LaunchLinear(type, dw.get(), rows, cols, dx.get(), many, dy.get(), 0.0f,
                                     nullptr, nullptr),
               cudaErrorInvalidValue);

@@ -731,8 +731,8 @@ TEST(CudaTreeAttention, SpreadWindowItemsEqualWholeItems) {
   const struct {
     Heads heads;
     AttnType type;
-  } cases[] = {{{4, 4, 128}, AttnType::kF16}, {{8, 4, 64}, AttnType::kBF16},
-               {{9, 3, 64}, AttnType::kF16}};
+  } cases[] = {
+      {{4, 4, 128}, AttnType::kF16}, {{8, 4, 64}, AttnType::kBF16}, {{9, 3, 64}, AttnType::kF16}};
   for (const auto& [heads, type] : cases) {
     {
       for (int32_t fixed : {0, 256}) {
@@ -755,7 +755,8 @@ TEST(CudaTreeAttention, SpreadWindowItemsEqualWholeItems) {
         EXPECT_GT(spread.spread_items, 0) << what;
         EXPECT_EQ(whole.spread_items, 0) << what;
         EXPECT_ALL_CLOSE(spread.got, whole.got, 0.0, 0.0, "spread vs whole, " + what);
-        EXPECT_ALL_CLOSE(spread.got, Reference(p, data), 2e-5, 2e-5, "spread vs reference, " + what);
+        EXPECT_ALL_CLOSE(spread.got, Reference(p, data), 2e-5, 2e-5,
+                         "spread vs reference, " + what);
       }
     }
   }

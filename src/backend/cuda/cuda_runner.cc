@@ -617,9 +617,11 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   const int64_t po_off = partial_rows > 0 ? wsa.Add(4 * partial_rows * c.head_dim) : -1;
   const int64_t pml_off = partial_rows > 0 ? wsa.Add(8 * partial_rows) : -1;
   // The tensor-core products' split activations (BF16's three parts are the larger).
+  // (Rows: at most the widest output any share's product writes, the classifier's included.)
   const int64_t ls_off = wsa.Add(std::max<int64_t>(
       16, 4 * kernels::LinearScratchFloats(
-                  ElemType::kBF16, (max_in + 31) / 32 * 32,
+                  ElemType::kBF16, std::max({dim, q_dim, hidden, vocab_range.count}),
+                  (max_in + 31) / 32 * 32,
                   static_cast<int32_t>(std::max<int64_t>(n, logit_chunk)))));
   plan.workspace = wsa.size;
 

@@ -26,8 +26,8 @@ StatusOr<TreeAttentionPlan> PlanTreeAttention(std::span<kernels::TreeAttentionRe
   const int64_t group = o.qo_heads / o.kv_heads;
   // Whether a masked request's window chunks may be spread (see the options), and the blocks a
   // spread chunk adds.
-  const bool spreads = o.spread_windows &&
-                       rows_per_item == kernels::kTreeAttnMmaRowsPerBlock && group * 4 < 16;
+  const bool spreads =
+      o.spread_windows && rows_per_item == kernels::kTreeAttnMmaRowsPerBlock && group * 4 < 16;
   auto spread_extra = [&](const kernels::TreeAttentionRequest& r) -> int64_t {
     if (!spreads || r.mask_begin < 0) return 0;
     const int64_t rows = r.token_count * group;
@@ -52,9 +52,9 @@ StatusOr<TreeAttentionPlan> PlanTreeAttention(std::span<kernels::TreeAttentionRe
 
   // Chunk length: the whole context unless the GPU would be underused and the workspace allows.
   // Splitting leaves room for the spread window chunks where they fit beside the base blocks.
-  const int64_t split_target =
-      base_blocks + extra_blocks <= o.target_blocks ? o.target_blocks - extra_blocks
-                                                    : o.target_blocks;
+  const int64_t split_target = base_blocks + extra_blocks <= o.target_blocks
+                                   ? o.target_blocks - extra_blocks
+                                   : o.target_blocks;
   int64_t chunk = CeilDiv(std::max(max_kv, 1), kTreeAttnTileKv) * kTreeAttnTileKv;
   if (o.fixed_chunk > 0) {
     chunk = CeilDiv(o.fixed_chunk, kTreeAttnTileKv) * kTreeAttnTileKv;

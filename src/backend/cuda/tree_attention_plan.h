@@ -50,7 +50,7 @@ struct TreeAttentionPlan {
   int32_t kv_chunk = 0;
   int32_t rows_per_item = kernels::kTreeAttnRowsPerBlock;  // TreeAttentionParams::rows_per_item
   int32_t max_window = 0;                                  // TreeAttentionParams::max_window
-  int64_t partial_rows = 0;  // partial rows used
+  int64_t partial_rows = 0;                                // partial rows used
   bool any_split = false;
   int32_t spread_items = 0;  // work items with spread set
 };
