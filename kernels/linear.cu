@@ -789,13 +789,7 @@ __global__ void __launch_bounds__(kMmaThreads, kT <= 4 ? 2 : 1)
     LoadWeightStep<kM>(wr, k * 32 + q * 8, a);
   };
 
-  float acc[kM][kT][4];
-#pragma unroll
-  for (int m = 0; m < kM; ++m)
-#pragma unroll
-    for (int j = 0; j < kT; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[m][j][i] = 0.0f;
+  float acc[kM][kT][4] = {};
 
   uint32_t a[kM][2][4];
   if (p < steps) load_w(p, a);
