@@ -503,6 +503,7 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   }
 
   Arena warena;
+  int64_t linear_floats = 0;  // the scratch the largest product needs (LinearScratchFloats)
   for (size_t i = 0; i < mats.size(); ++i) {
     MatrixSlot& s = mats[i];
     SI_ASSIGN_OR_RETURN(ElemType et, ToElemType(s.type, "weight matrix " + std::to_string(i)));
@@ -525,6 +526,9 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
     if (s.alias && random) s.offset = mats[0].offset;  // tied output = embedding
     if (!s.alias) s.offset = warena.Add(s.bytes);
     if (s.target->quantized()) max_quantized_elems = std::max(max_quantized_elems, s.rows * s.cols);
+    if (s.target != &emb)  // the embedding is gathered, every other matrix multiplied
+      linear_floats = std::max(
+          linear_floats, kernels::LinearScratchFloats(et, s.rows, s.cols, o.max_batch_tokens));
   }
   for (VectorSlot& v : vecs) {
     if (!random && v.host == nullptr) return InvalidArgumentError("model is missing a norm/bias");
@@ -616,13 +620,8 @@ Status CudaModelRunner::Impl::Init(const CudaRunnerOptions& o, bool random, DTyp
   partial_rows = max_chunks > 1 ? n * hq * max_chunks : 0;
   const int64_t po_off = partial_rows > 0 ? wsa.Add(4 * partial_rows * c.head_dim) : -1;
   const int64_t pml_off = partial_rows > 0 ? wsa.Add(8 * partial_rows) : -1;
-  // The tensor-core products' split activations (BF16's three parts are the larger).
-  // (Rows: at most the widest output any share's product writes, the classifier's included.)
-  const int64_t ls_off = wsa.Add(std::max<int64_t>(
-      16, 4 * kernels::LinearScratchFloats(
-                  ElemType::kBF16, std::max({dim, q_dim, hidden, vocab_range.count}),
-                  (max_in + 31) / 32 * 32,
-                  static_cast<int32_t>(std::max<int64_t>(n, logit_chunk)))));
+  // The tensor-core products' split activations and partition sums (none for other types).
+  const int64_t ls_off = wsa.Add(std::max<int64_t>(16, 4 * linear_floats));
   plan.workspace = wsa.size;
 
   // --- allocate everything up front ---
