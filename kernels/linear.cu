@@ -776,11 +776,10 @@ __global__ void __launch_bounds__(kMmaThreads, kT <= 4 ? 2 : 1)
       for (int part = 0; part < kParts; ++part)
 #pragma unroll
         for (int i = threadIdx.x; i < kTokens * 4; i += kMmaThreads) {
-          const int tt = i / 4, c8 = i % 4;
-          const int t = tt;
+          const int t = i / 4, c8 = i % 4;
           const uint16_t* src =
               split + (int64_t{part} * n + (t < n ? t : 0)) * cols + k * 32 + c8 * 8;
-          CpAsync16(&stage[b][part][tt][c8], src, t < n);
+          CpAsync16(&stage[b][part][t][c8], src, t < n);
         }
     }
     CpAsyncCommit();
