@@ -1,21 +1,24 @@
 // Token-tree passes of an LLM group (dist/llm_client.h: tensor- x pipeline-parallel LLM workers
-// over gRPC, here in this process on loopback), their rows brought back as logits or as argmax
+// over gRPC, here in this process on loopback), their rows brought back as logits, as argmax
 // rows (ModelRunner::ForwardArgmax: each last-stage worker answers a row's largest logit over its
-// columns and that token's id). Greedy sequences that read no logits get the second; this
-// measures what it saves, in one run.
+// columns and that token's id) or as distribution rows (what each row's sampling distribution
+// keeps, made on the last stage). Greedy sequences that read no logits get the second, sampled
+// ones the third; this measures what each saves, in one run.
 //
 //   bench_llm_group [--model models/SmolLM2-135M-Instruct.Q4_1.gguf] [--tp 1] [--pp 1]
 //                   [--threads 2] [--tree 1,8,32,64] [--prefix 128] [--runs 15]
+//                   [--temperature 0.7] [--top-k 0] [--top-p 0.9]
 //
 // For each tree size n (a chain of n nodes after a --prefix-token context, every node's row
-// wanted): the median wall time of a pass with logits rows and with argmax rows (alternating, so
-// a drift of the machine's speed weighs on both), the response bytes per pass (all workers), and
-// the ratio. Every argmax row is checked against the Argmax of its logits row; a mismatch fails
-// the benchmark.
+// wanted): the median wall time of a pass of each kind (in rotation, so a drift of the machine's
+// speed weighs on all), the response bytes per pass (all workers), and the ratios against logits
+// rows. Every argmax row is checked against the Argmax of its logits row and every distribution
+// row against ComputeProbs of it (bit for bit); a mismatch fails the benchmark.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
@@ -23,6 +26,7 @@
 #include "dist/llm_client.h"
 #include "dist/llm_worker.h"
 #include "model/loader.h"
+#include "sampling/dist_rows.h"
 #include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -30,10 +34,12 @@ using namespace specinfer;
 using specinfer::bench::Median;
 
 int main(int argc, char** argv) {
-  CLI::App app{"specinfer LLM group tree passes: logits rows against argmax rows"};
+  CLI::App app{"specinfer LLM group tree passes: logits rows against argmax and distribution rows"};
   std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf", tokenizer_path;
   int tp = 1, pp = 1, threads = 2, prefix = 128, runs = 15;
   std::vector<int> trees = {1, 8, 32, 64};
+  float temperature = 0.7f, top_p = 0.9f;
+  int top_k = 0;
   app.add_option("--model", model_path, "Model file");
   app.add_option("--tokenizer", tokenizer_path, "Tokenizer (if not in the model file)");
   app.add_option("--tp", tp, "Tensor-parallel workers per stage")->check(CLI::Range(1, 8));
@@ -45,6 +51,10 @@ int main(int argc, char** argv) {
   app.add_option("--prefix", prefix, "Context tokens before the tree")->check(CLI::Range(1, 8192));
   app.add_option("--runs", runs, "Passes per setting (the median is reported)")
       ->check(CLI::Range(1, 1000));
+  app.add_option("--temperature", temperature, "Distribution rows: temperature")
+      ->check(CLI::Range(0.01f, 100.0f));
+  app.add_option("--top-k", top_k, "Distribution rows: top-k (0: off)")->check(CLI::Range(0, 1 << 20));
+  app.add_option("--top-p", top_p, "Distribution rows: top-p")->check(CLI::Range(0.01f, 1.0f));
   CLI11_PARSE(app, argc, argv);
 
   auto loaded = LoadModelAndTokenizer(model_path, tokenizer_path);
@@ -89,6 +99,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   RemoteLlmRunner& runner = **remote;
+  if (!runner.returns_distributions()) {
+    std::fprintf(stderr, "error: the group's workers do not return distribution rows\n");
+    return 1;
+  }
+  SamplingParams sp;
+  sp.temperature = temperature;
+  sp.top_k = top_k;
+  sp.top_p = top_p;
+  const TokenDraw settings = TokenDraw::Of(sp, 0.0);
   KvCacheManager kv(runner.num_kv_blocks(), runner.kv_block_size());
 
   // The context, once.
@@ -114,10 +133,12 @@ int main(int argc, char** argv) {
 
   std::printf(
       "LLM group tp=%d pp=%d (%d threads per worker, in this process, gRPC on loopback), "
-      "%s, vocabulary %d, context %d\n",
-      tp, pp, threads, model_path.c_str(), vocab, prefix);
-  std::printf("%6s  %14s  %14s  %7s  %16s  %16s\n", "nodes", "logits ms/pass", "argmax ms/pass",
-              "ratio", "logits B/pass", "argmax B/pass");
+      "%s, vocabulary %d, context %d; distribution rows at temperature %.2f, top-k %d, top-p "
+      "%.2f\n",
+      tp, pp, threads, model_path.c_str(), vocab, prefix, temperature, top_k, top_p);
+  std::printf("%6s  %14s  %14s  %12s  %7s  %7s  %14s  %13s  %11s\n", "nodes", "logits ms/pass",
+              "argmax ms/pass", "dist ms/pass", "ratio a", "ratio d", "logits B/pass",
+              "argmax B/pass", "dist B/pass");
   bool mismatch = false;
   for (int n : trees) {
     std::vector<int32_t> parents(static_cast<size_t>(n));
@@ -128,30 +149,38 @@ int main(int argc, char** argv) {
     std::iota(pos.begin(), pos.end(), prefix);
     std::vector<int32_t> rows(static_cast<size_t>(n));
     std::iota(rows.begin(), rows.end(), 0);
-    ForwardBatch with_logits, with_argmax;
+    ForwardBatch with_logits, with_argmax, with_dists;
     with_logits.AddSequence(seq, toks, pos, prefix, n > 1 ? &mask : nullptr);
     with_argmax = with_logits;
+    with_dists = with_logits;
     with_logits.logit_rows = rows;
     with_argmax.argmax_rows = rows;
-    std::vector<float> logits(static_cast<size_t>(n) * vocab), none;
+    for (int32_t row : rows) with_dists.AddDistRow(row, settings);
+    std::vector<float> logits(static_cast<size_t>(n) * vocab), none, want, got;
     std::vector<int32_t> ids(static_cast<size_t>(n));
-    std::vector<double> seconds[2];
-    int64_t bytes[2] = {0, 0};
-    for (int r = 0; r < 2 * (runs + 1); ++r) {
-      const int which = (r / 2 + r) % 2;  // 0 1 1 0 0 1 1 0 ...: neither always goes first
+    DistRows dists;
+    std::vector<double> seconds[3];
+    int64_t bytes[3] = {0, 0, 0};
+    for (int r = 0; r < 3 * (runs + 1); ++r) {
+      const int which = (r / 3 + r) % 3;  // 0 1 2 1 2 0 2 0 1 ...: none always goes first
       const auto before = runner.traffic();
       const auto t0 = std::chrono::steady_clock::now();
-      Status s = which == 0 ? runner.Forward(with_logits, kv, logits)
-                            : runner.ForwardArgmax(with_argmax, kv, none, ids);
+      Status s = which == 0   ? runner.Forward(with_logits, kv, logits)
+                 : which == 1 ? runner.ForwardArgmax(with_argmax, kv, none, ids)
+                              : runner.ForwardArgmax(with_dists, kv, none, {}, &dists);
       const double sec =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (!s.ok()) {
         std::fprintf(stderr, "error: pass: %s\n", s.ToString().c_str());
         return 1;
       }
-      if (r < 2) continue;  // warm-up
+      if (r < 3) continue;  // warm-up
       seconds[which].push_back(sec);
       bytes[which] = runner.traffic().response_bytes - before.response_bytes;
+    }
+    if (dists.size() != n) {
+      std::fprintf(stderr, "MISMATCH: tree %d: %d distribution rows\n", n, dists.size());
+      return 1;
     }
     for (int i = 0; i < n; ++i) {
       const std::span<const float> row(logits.data() + static_cast<size_t>(i) * vocab,
@@ -161,12 +190,21 @@ int main(int argc, char** argv) {
                      i, ids[i], Argmax(row));
         mismatch = true;
       }
+      ComputeProbs(row, sp, want);
+      dists.Expand(i, got);
+      if (std::memcmp(want.data(), got.data(), want.size() * 4) != 0) {
+        std::fprintf(stderr, "MISMATCH: tree %d row %d: distribution row differs from ComputeProbs "
+                     "of its logits row\n", n, i);
+        mismatch = true;
+      }
     }
-    const double lm = Median(seconds[0]), am = Median(seconds[1]);
-    std::printf("%6d  %14.2f  %14.2f  %6.2fx  %16lld  %16lld\n", n, 1e3 * lm, 1e3 * am, lm / am,
-                static_cast<long long>(bytes[0]), static_cast<long long>(bytes[1]));
+    const double lm = Median(seconds[0]), am = Median(seconds[1]), dm = Median(seconds[2]);
+    std::printf("%6d  %14.2f  %14.2f  %12.2f  %6.2fx  %6.2fx  %14lld  %13lld  %11lld\n", n,
+                1e3 * lm, 1e3 * am, 1e3 * dm, lm / am, lm / dm, static_cast<long long>(bytes[0]),
+                static_cast<long long>(bytes[1]), static_cast<long long>(bytes[2]));
   }
-  std::printf("ratio: logits-row pass time / argmax-row pass time (median of %d passes each)\n",
+  std::printf("ratio a, d: logits-row pass time / argmax-row, distribution-row pass time (median "
+              "of %d passes each)\n",
               runs);
   kv.RemoveSequence(seq);
   return mismatch ? 1 : 0;

@@ -12,6 +12,7 @@
 #include "backend/forward_check.h"
 #include "dist/collective.h"
 #include "dist/model_identity.h"
+#include "sampling/sampler.h"
 #include "proto/llm_worker.grpc.pb.h"
 #include "server/grpc_listen.h"
 
@@ -339,12 +340,45 @@ Status RemoteLlmRunner::Forward(const ForwardBatch& batch, const KvCacheManager&
 Status RemoteLlmRunner::ForwardArgmax(const ForwardBatch& batch, const KvCacheManager& kv,
                                       std::span<float> logits, std::span<int32_t> argmax,
                                       DistRows* dists) {
-  if (batch.has_draws())
-    return InvalidArgumentError("an LLM group does not draw sampled tokens (draws_tokens)");
-  if (!batch.dist_rows.empty() && !returns_dists_.load())
+  const bool take_dists = returns_dists_.load();
+  if ((!batch.dist_rows.empty() || batch.has_draws()) && !take_dists)
     return InvalidArgumentError(
-        "this LLM group does not return distributions (returns_distributions)");
-  return Pass(batch, kv, logits, argmax, dists);
+        "this LLM group does not return distributions (returns_distributions), so it takes "
+        "neither distribution rows nor sampled draws");
+  if (!batch.has_draws()) return Pass(batch, kv, logits, argmax, dists);
+  if (argmax.size() < batch.argmax_rows.size())
+    return InvalidArgumentError("argmax buffer too small");
+  SI_RETURN_IF_ERROR(batch.Validate(model_->config().vocab_size));
+  // A sampled draw crosses as a distribution row (after the batch's own): the token is drawn
+  // here at its u from what the row keeps, as the host would from the row's logits.
+  ForwardBatch pass = batch;  // the masks it points to stay the caller's
+  pass.argmax_rows.clear();
+  pass.draws.clear();
+  std::vector<size_t> greedy, sampled;  // indices into batch.argmax_rows
+  for (size_t i = 0; i < batch.argmax_rows.size(); ++i) {
+    if (batch.draws[i].greedy()) {
+      greedy.push_back(i);
+      pass.argmax_rows.push_back(batch.argmax_rows[i]);
+    } else {
+      sampled.push_back(i);
+      pass.AddDistRow(batch.argmax_rows[i], batch.draws[i]);
+    }
+  }
+  DistRows all;
+  std::vector<int32_t> ids(greedy.size());
+  SI_RETURN_IF_ERROR(Pass(pass, kv, logits, ids, &all));
+  for (size_t j = 0; j < greedy.size(); ++j) argmax[greedy[j]] = ids[j];
+  const auto own = static_cast<int32_t>(batch.dist_rows.size());
+  std::vector<float> probs;
+  for (size_t j = 0; j < sampled.size(); ++j) {
+    all.Expand(own + static_cast<int32_t>(j), probs);
+    argmax[sampled[j]] = SampleFromProbs(probs, batch.draws[sampled[j]].u);
+  }
+  if (dists != nullptr) {
+    all.Truncate(own);
+    *dists = std::move(all);
+  }
+  return Status::Ok();
 }
 
 Status RemoteLlmRunner::Pass(const ForwardBatch& batch, const KvCacheManager& kv,

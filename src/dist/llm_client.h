@@ -78,11 +78,13 @@ class RemoteLlmRunner final : public ModelRunner {
   // answers what each distribution keeps instead of the rows' logits.
   Status ForwardArgmax(const ForwardBatch& batch, const KvCacheManager& kv, std::span<float> logits,
                        std::span<int32_t> argmax, DistRows* dists = nullptr) override;
-  // Sampled draws are not sent to the workers: sampled sequences without a tree get logits rows.
-  bool draws_tokens() const override { return false; }
+  // Sampled draws cross as distribution rows where the workers return those, and the token is
+  // drawn here at the draw's u (SampleFromProbs: the token the host would draw from the row's
+  // logits); elsewhere sampled sequences without a tree get logits rows.
+  bool draws_tokens() const override { return returns_dists_.load(); }
   // Whether the last stage's workers compute distribution rows where their logits are
-  // (LlmWorkerInfo::returns_distributions: GPU shares; with TP > 1 they all-gather those rows'
-  // columns first, and tp rank 0 answers them); else sampled trees get logits rows.
+  // (LlmWorkerInfo::returns_distributions: CPU and GPU shares; with TP > 1 they all-gather those
+  // rows' columns first, and tp rank 0 answers them); else sampled trees get logits rows.
   bool returns_distributions() const override { return returns_dists_.load(); }
   // The most any worker asks for (LlmWorkerInfo::warmup_passes: GPU shares with CUDA graphs).
   int32_t warmup_passes() const override { return warmup_passes_.load(); }

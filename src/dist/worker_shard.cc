@@ -4,6 +4,8 @@
 #include <mutex>
 
 #include "dist/collective.h"
+#include "sampling/dist_rows.h"
+#include "sampling/sampler.h"
 
 namespace specinfer {
 
@@ -34,18 +36,51 @@ class CpuWorkerShard final : public WorkerShard {
 
   Status Forward(const ForwardBatch& batch, std::span<const std::span<const int32_t>> tables,
                  std::span<float> logits, std::span<ArgmaxShare> argmax,
-                 DistRows* /*dists*/) override {
-    if (!batch.dist_rows.empty() && runner_->last_stage())
-      return InvalidArgumentError("a CPU share does not return distribution rows");
+                 DistRows* dists) override {
     auto forward = [&](const ForwardBatch& b, std::span<float> out) {
       return runner_->Forward(b, tables, group_.get(), out);
     };
     // Only the last stage has logits; the others run the batch as it is.
-    if (!runner_->last_stage() || batch.argmax_rows.empty()) return forward(batch, logits);
+    if (!runner_->last_stage() || (batch.argmax_rows.empty() && batch.dist_rows.empty()))
+      return forward(batch, logits);
     const ShardRange cols = runner_->vocab();
-    return ForwardArgmaxOnHost(batch, static_cast<int32_t>(cols.begin),
-                               static_cast<int32_t>(cols.count), scratch_, logits, argmax, forward);
+    if (batch.dist_rows.empty())
+      return ForwardArgmaxOnHost(batch, static_cast<int32_t>(cols.begin),
+                                 static_cast<int32_t>(cols.count), scratch_, logits, argmax,
+                                 forward);
+    if (dists == nullptr)
+      return InvalidArgumentError("a batch with distribution rows needs a DistRows to fill");
+    // Distribution rows ride along as argmax rows after the real ones (their argmax unused):
+    // their logits columns are left in scratch_ after the logits and argmax rows'.
+    ForwardBatch pass = batch;  // the masks it points to stay the caller's
+    pass.argmax_rows.insert(pass.argmax_rows.end(), batch.dist_rows.begin(),
+                            batch.dist_rows.end());
+    pass.dist_rows.clear();
+    pass.dist_settings.clear();
+    const size_t a = batch.argmax_rows.size(), d = batch.dist_rows.size();
+    shares_.resize(a + d);
+    SI_RETURN_IF_ERROR(ForwardArgmaxOnHost(pass, static_cast<int32_t>(cols.begin),
+                                           static_cast<int32_t>(cols.count), scratch_, logits,
+                                           shares_, forward));
+    std::copy_n(shares_.begin(), a, argmax.begin());
+    // A rank's columns make no distribution: the stage's ranks gather those rows whole first.
+    const int32_t vocab = runner_->model().config().vocab_size;
+    rows_.resize(d * static_cast<size_t>(vocab));
+    const size_t first = (batch.logit_rows.size() + a) * static_cast<size_t>(cols.count);
+    SI_RETURN_IF_ERROR(runner_->GatherVocabRows(group_.get(), scratch_.data() + first,
+                                                static_cast<int64_t>(d), rows_.data()));
+    dists->Reset(vocab);
+    if (runner_->layout().tp_rank != 0) return Status::Ok();  // rank 0 answers them
+    for (size_t i = 0; i < d; ++i) {
+      ComputeProbs(std::span<const float>(rows_.data() + i * vocab, static_cast<size_t>(vocab)),
+                   batch.dist_settings[i].params(), probs_);
+      dists->AddDense(probs_);
+    }
+    return Status::Ok();
   }
+  // A last-stage share turns distribution rows into distributions here, so that what each keeps
+  // crosses the network instead of the rows' logits (with TP > 1 after gathering the rows).
+  bool returns_distributions() const override { return runner_->last_stage(); }
   Status MoveKv(std::span<const int32_t> table, std::span<const int32_t> src,
                 std::span<const int32_t> dst) override {
     runner_->MoveKv(table, src, dst);
@@ -56,7 +91,9 @@ class CpuWorkerShard final : public WorkerShard {
  private:
   std::unique_ptr<CpuShardRunner> runner_;
   std::unique_ptr<CollectiveGroup> group_;
-  std::vector<float> scratch_;  // the argmax rows' logits
+  std::vector<float> scratch_;  // the argmax (and distribution) rows' logits columns
+  std::vector<ArgmaxShare> shares_;
+  std::vector<float> rows_, probs_;  // distribution rows' whole logits; one's probabilities
 };
 
 StatusOr<std::unique_ptr<WorkerShard>> CreateCpuShard(std::shared_ptr<const Model> model,

@@ -59,7 +59,8 @@ class WorkerShard {
                          std::span<const std::span<const int32_t>> tables, std::span<float> logits,
                          std::span<ArgmaxShare> argmax, DistRows* dists = nullptr) = 0;
   // Whether this last-stage share computes distribution rows (ForwardBatch::dist_rows) where its
-  // logits are: a GPU share holding the whole vocabulary. Others refuse batches that have them.
+  // logits are (every rank of the stage gathers those rows whole; tp rank 0 answers them), so
+  // that only what each keeps crosses the network. Shares that do not refuse batches with them.
   virtual bool returns_distributions() const { return false; }
   // ModelRunner::warmup_passes of this share (what the manager's cost calibration needs).
   virtual int32_t warmup_passes() const { return 0; }

@@ -50,9 +50,10 @@ class DistRows {
   // (nothing appended) if they do not fit together or a sparse row's ids are not ascending in
   // the vocabulary.
   Status AddPacked(std::span<const int32_t> kept, std::span<const uint32_t> words);
+  // Drops the rows from `rows` on (rows <= size()).
+  void Truncate(int32_t rows);
 
  private:
-  void Truncate(int32_t rows);  // drops the rows from `rows` on
 
   int32_t vocab_ = 0;
   std::vector<int64_t> prob_begin_{0}, id_begin_{0};  // [size + 1]

@@ -284,6 +284,70 @@ TEST(LlmGroupGeneration, GreedyArgmaxRowsCrossTheNetworkInsteadOfLogits) {
   EXPECT_LT(bytes_per_pass[false] * 10, bytes_per_pass[true]);
 }
 
+// Sampled requests that read no logits, over CPU groups (TP 1 with one stage or two; TP 2,
+// whose last-stage ranks gather those rows' columns over Gloo first): a token tree's nodes and a
+// plain decode step's draw come back as distributions (what top-k/top-p keep), the draw is made
+// in the manager at the sequence's uniform, and the tokens equal the local engine's (logits rows
+// for trees, draws on the host), token for token. The same requests reading logits take several
+// times the bytes back.
+TEST(LlmGroupGeneration, SampledTreesAndDrawsComeBackAsDistributionsFromCpuGroups) {
+  const Stories& st = LoadStories();
+  SpeculatorOptions so;
+  so.num_threads = 1;
+  auto layers = CreateSpeculator("layers:2", st.model, so);
+  ASSERT_TRUE(layers.ok()) << layers.status().ToString();
+  std::vector<GenerateRequest> reqs;
+  const char* prompts[] = {"Once upon a time", "Lily and Ben went to the park. They saw",
+                           "The cat"};
+  for (int i = 0; i < 3; ++i) {
+    GenerateRequest r;
+    r.prompt_tokens = st.Encode(prompts[i]);
+    r.max_new_tokens = 16;
+    r.prefill_chunk = 7;
+    r.sampling.temperature = 0.8f;
+    r.sampling.top_k = i == 1 ? 0 : 20;
+    r.sampling.top_p = i == 1 ? 0.8f : 1.0f;
+    r.sampling.seed = 11 + i;
+    if (i < 2) {  // the third decodes plainly: its tokens are draws
+      r.speculators = {layers->get()};
+      r.tree_shape = *TreeShape::Parse("2,1,1");
+    }
+    r.callback_logits = false;
+    reqs.push_back(r);
+  }
+  for (const auto& [tp, pp] : {std::make_pair(1, 1), std::make_pair(1, 2), std::make_pair(2, 1)}) {
+    const std::string what = "tp " + std::to_string(tp) + " pp " + std::to_string(pp);
+    auto group = testing::StartLlmGroup(st.model, st.fingerprint, tp, pp);
+    ASSERT_TRUE(group) << what;
+    auto remote = RemoteLlmRunner::Connect(group->GroupOptions(), st.model, st.fingerprint);
+    ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+    EXPECT_TRUE((*remote)->returns_distributions()) << what;
+    EXPECT_TRUE((*remote)->draws_tokens()) << what;
+    auto local = testing::MakeLocalRunner(st.model, (*remote)->num_kv_blocks());
+    KvCacheManager remote_kv((*remote)->num_kv_blocks(), (*remote)->kv_block_size());
+    const auto want = GenerateAll(*local.runner, *local.kv, reqs);
+    const auto before = (*remote)->traffic();
+    const auto got = GenerateAll(**remote, remote_kv, reqs);
+    const auto after = (*remote)->traffic();
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(want[i].size(), 16u) << what << ", request " << i;
+      EXPECT_EQ(got[i], want[i]) << what << ", request " << i;
+    }
+    std::vector<GenerateRequest> with_logits = reqs;
+    for (GenerateRequest& r : with_logits) r.callback_logits = true;
+    EXPECT_EQ(GenerateAll(**remote, remote_kv, with_logits), want) << what;
+    const auto end = (*remote)->traffic();
+    const double dist_bytes = static_cast<double>(after.response_bytes - before.response_bytes) /
+                              static_cast<double>(after.passes - before.passes);
+    const double logits_bytes = static_cast<double>(end.response_bytes - after.response_bytes) /
+                                static_cast<double>(end.passes - after.passes);
+    std::printf("[llm group %s, sampled] %.0f response bytes a pass with distribution rows, %.0f "
+                "with logits rows\n",
+                what.c_str(), dist_bytes, logits_bytes);
+    EXPECT_LT(dist_bytes * 3, logits_bytes) << what;
+  }
+}
+
 // Prefix caching in the manager: the workers only see block tables in which blocks are shared
 // between sequences (and MoveKv of a tree next to shared blocks). Greedy output over the group
 // with the cache on equals the local engine with it off, in a first round (concurrent sequences

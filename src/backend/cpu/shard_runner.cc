@@ -100,6 +100,7 @@ StatusOr<std::unique_ptr<CpuShardRunner>> CpuShardRunner::Create(
     r->q_cols_.push_back({h.begin * c.head_dim, h.count * c.head_dim});
     r->dim_rows_.push_back(SplitEvenly(c.dim, T, i));
     r->hidden_rows_.push_back(SplitEvenly(c.hidden_dim, T, i));
+    r->vocab_cols_.push_back(SplitEvenly(c.vocab_size, T, i));
   }
   const int32_t me = layout.tp_rank;
   const ShardRange kv_cols{r->kv_heads_[me].begin * c.head_dim,
@@ -168,6 +169,16 @@ Status CpuShardRunner::Gather(Collective* group, const float* local, int64_t n,
     off += n * s.count;
   }
   return Status::Ok();
+}
+
+Status CpuShardRunner::GatherVocabRows(Collective* group, const float* local, int64_t n,
+                                       float* full) {
+  if (layout_.tp_size == 1) {
+    std::copy_n(local, n * vocab_.count, full);
+    return Status::Ok();
+  }
+  if (group == nullptr) return FailedPreconditionError("a TP share gathers rows in its group");
+  return Gather(group, local, n, vocab_cols_, full);
 }
 
 // The operations of backend/llama_program.h on this share, for one batch. `layer` is a local

@@ -98,6 +98,11 @@ class CpuShardRunner {
   Status Forward(const ForwardBatch& batch, std::span<const std::span<const int32_t>> tables,
                  Collective* group, std::span<float> logits);
 
+  // Last stage: all-gathers `n` rows of this rank's logits columns (`local`, [n, vocab().count])
+  // into whole rows (`full`, [n, vocab_size]) on every TP rank of the stage; a collective, which
+  // each of them calls with the same n. With tp_size 1 it copies.
+  Status GatherVocabRows(Collective* group, const float* local, int64_t n, float* full);
+
   // Copies this shard's K/V at positions src[i] to dst[i] of the sequence with `table`, in
   // order. The caller has validated the positions and block ids.
   void MoveKv(std::span<const int32_t> table, std::span<const int32_t> src,
@@ -133,6 +138,7 @@ class CpuShardRunner {
   std::vector<ShardRange> heads_;    // per TP rank: query heads
   std::vector<ShardRange> kv_heads_;  // per TP rank
   std::vector<ShardRange> q_cols_, dim_rows_, hidden_rows_;  // per TP rank, in floats
+  std::vector<ShardRange> vocab_cols_;  // per TP rank: output rows (last stage)
   std::vector<LayerShard> shards_;   // [layers_.count]
   cpu::CpuMatrix output_;            // vocab_ rows of the output matrix
   int32_t num_kv_blocks_ = 0, kv_block_size_ = 0;
