@@ -53,7 +53,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000));
   app.add_option("--temperature", temperature, "Distribution rows: temperature")
       ->check(CLI::Range(0.01f, 100.0f));
-  app.add_option("--top-k", top_k, "Distribution rows: top-k (0: off)")->check(CLI::Range(0, 1 << 20));
+  app.add_option("--top-k", top_k, "Distribution rows: top-k (0: off)")
+      ->check(CLI::Range(0, 1 << 20));
   app.add_option("--top-p", top_p, "Distribution rows: top-p")->check(CLI::Range(0.01f, 1.0f));
   CLI11_PARSE(app, argc, argv);
 

@@ -1,8 +1,10 @@
 #include "dist/worker_shard.h"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 
+#include "common/thread_pool.h"
 #include "dist/collective.h"
 #include "sampling/dist_rows.h"
 #include "sampling/sampler.h"
@@ -71,11 +73,21 @@ class CpuWorkerShard final : public WorkerShard {
                                                 static_cast<int64_t>(d), rows_.data()));
     dists->Reset(vocab);
     if (runner_->layout().tp_rank != 0) return Status::Ok();  // rank 0 answers them
-    for (size_t i = 0; i < d; ++i) {
-      ComputeProbs(std::span<const float>(rows_.data() + i * vocab, static_cast<size_t>(vocab)),
-                   batch.dist_settings[i].params(), probs_);
-      dists->AddDense(probs_);
-    }
+    // The rows' distributions in place on the runner's threads (each row costs a softmax over
+    // the vocabulary and top-p's partial sort), then added in order.
+    runner_->pool()->ParallelFor(
+        static_cast<int64_t>(d),
+        [&](int64_t begin, int64_t end) {
+          std::vector<float> probs;
+          for (int64_t i = begin; i < end; ++i) {
+            const std::span<float> row(rows_.data() + i * vocab, static_cast<size_t>(vocab));
+            ComputeProbs(row, batch.dist_settings[static_cast<size_t>(i)].params(), probs);
+            std::copy(probs.begin(), probs.end(), row.begin());
+          }
+        },
+        1);
+    for (size_t i = 0; i < d; ++i)
+      dists->AddDense(std::span<const float>(rows_.data() + i * vocab, static_cast<size_t>(vocab)));
     return Status::Ok();
   }
   // A last-stage share turns distribution rows into distributions here, so that what each keeps
@@ -93,7 +105,7 @@ class CpuWorkerShard final : public WorkerShard {
   std::unique_ptr<CollectiveGroup> group_;
   std::vector<float> scratch_;  // the argmax (and distribution) rows' logits columns
   std::vector<ArgmaxShare> shares_;
-  std::vector<float> rows_, probs_;  // distribution rows' whole logits; one's probabilities
+  std::vector<float> rows_;  // distribution rows' whole logits, then their probabilities
 };
 
 StatusOr<std::unique_ptr<WorkerShard>> CreateCpuShard(std::shared_ptr<const Model> model,
