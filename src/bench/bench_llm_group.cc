@@ -194,8 +194,10 @@ int main(int argc, char** argv) {
       ComputeProbs(row, sp, want);
       dists.Expand(i, got);
       if (std::memcmp(want.data(), got.data(), want.size() * 4) != 0) {
-        std::fprintf(stderr, "MISMATCH: tree %d row %d: distribution row differs from ComputeProbs "
-                     "of its logits row\n", n, i);
+        std::fprintf(stderr,
+                     "MISMATCH: tree %d row %d: distribution row differs from ComputeProbs "
+                     "of its logits row\n",
+                     n, i);
         mismatch = true;
       }
     }
@@ -204,9 +206,10 @@ int main(int argc, char** argv) {
                 1e3 * lm, 1e3 * am, 1e3 * dm, lm / am, lm / dm, static_cast<long long>(bytes[0]),
                 static_cast<long long>(bytes[1]), static_cast<long long>(bytes[2]));
   }
-  std::printf("ratio a, d: logits-row pass time / argmax-row, distribution-row pass time (median "
-              "of %d passes each)\n",
-              runs);
+  std::printf(
+      "ratio a, d: logits-row pass time / argmax-row, distribution-row pass time (median "
+      "of %d passes each)\n",
+      runs);
   kv.RemoveSequence(seq);
   return mismatch ? 1 : 0;
 }

@@ -12,8 +12,8 @@
 #include "backend/forward_check.h"
 #include "dist/collective.h"
 #include "dist/model_identity.h"
-#include "sampling/sampler.h"
 #include "proto/llm_worker.grpc.pb.h"
+#include "sampling/sampler.h"
 #include "server/grpc_listen.h"
 
 namespace specinfer {

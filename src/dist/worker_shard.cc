@@ -37,8 +37,7 @@ class CpuWorkerShard final : public WorkerShard {
   bool in_group() const override { return group_ != nullptr; }
 
   Status Forward(const ForwardBatch& batch, std::span<const std::span<const int32_t>> tables,
-                 std::span<float> logits, std::span<ArgmaxShare> argmax,
-                 DistRows* dists) override {
+                 std::span<float> logits, std::span<ArgmaxShare> argmax, DistRows* dists) override {
     auto forward = [&](const ForwardBatch& b, std::span<float> out) {
       return runner_->Forward(b, tables, group_.get(), out);
     };
@@ -55,8 +54,7 @@ class CpuWorkerShard final : public WorkerShard {
     // Distribution rows ride along as argmax rows after the real ones (their argmax unused):
     // their logits columns are left in scratch_ after the logits and argmax rows'.
     ForwardBatch pass = batch;  // the masks it points to stay the caller's
-    pass.argmax_rows.insert(pass.argmax_rows.end(), batch.dist_rows.begin(),
-                            batch.dist_rows.end());
+    pass.argmax_rows.insert(pass.argmax_rows.end(), batch.dist_rows.begin(), batch.dist_rows.end());
     pass.dist_rows.clear();
     pass.dist_settings.clear();
     const size_t a = batch.argmax_rows.size(), d = batch.dist_rows.size();
