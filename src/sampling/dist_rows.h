@@ -54,7 +54,6 @@ class DistRows {
   void Truncate(int32_t rows);
 
  private:
-
   int32_t vocab_ = 0;
   std::vector<int64_t> prob_begin_{0}, id_begin_{0};  // [size + 1]
   std::vector<float> probs_;
