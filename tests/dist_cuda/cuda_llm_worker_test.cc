@@ -205,9 +205,10 @@ TEST(CudaLlmWorkerGeneration, GreedyTp2Pp2EqualsOneGpuWithAndWithoutSpeculation)
 // Sampled token trees of requests that read no logits: a group of GPU workers (TP 1 with one stage
 // or two; TP 2, whose last-stage ranks gather the rows' columns first) answers each node's
 // distribution (what top-k/top-p keep) instead of its logits, and the tokens equal one GPU's (its
-// distributions made by the same kernels from the same logits) token for token; the same
-// requests reading logits take several times the bytes back.
-TEST(CudaLlmWorkerGeneration, SampledTreesComeBackAsDistributionsFromGpuGroups) {
+// distributions made by the same kernels from the same logits) token for token. A plain sampled
+// decode's draws cross as distribution rows too, drawn in the manager: the tokens one GPU draws on
+// the device. The same requests reading logits give the same tokens for several times the bytes.
+TEST(CudaLlmWorkerGeneration, SampledTreesAndDrawsComeBackAsDistributionsFromGpuGroups) {
   const Stories& st = LoadStories();
   ASSERT_TRUE(st.model);
   SpeculatorOptions so;
@@ -225,23 +226,27 @@ TEST(CudaLlmWorkerGeneration, SampledTreesComeBackAsDistributionsFromGpuGroups) 
     auto remote = RemoteLlmRunner::Connect(group->GroupOptions(), st.model, st.fingerprint);
     ASSERT_TRUE(remote.ok()) << remote.status().ToString();
     EXPECT_TRUE((*remote)->returns_distributions()) << what;
+    EXPECT_TRUE((*remote)->draws_tokens()) << what;
     const int32_t blocks = (*remote)->num_kv_blocks();
     cuda::CudaRunnerOptions o;
     o.num_kv_blocks = blocks;
     auto whole = cuda::CudaModelRunner::Create(st.model, o);
     ASSERT_TRUE(whole.ok()) << whole.status().ToString();
     std::vector<GenerateRequest> reqs;
-    const char* prompts[] = {"Once upon a time", "Lily and Ben went to the park. They saw"};
-    for (int i = 0; i < 2; ++i) {
+    const char* prompts[] = {"Once upon a time", "Lily and Ben went to the park. They saw",
+                             "The cat"};
+    for (int i = 0; i < 3; ++i) {
       GenerateRequest r;
       r.prompt_tokens = *st.tokenizer->Encode(prompts[i], /*add_bos=*/true);
       r.max_new_tokens = 12;
       r.sampling.temperature = 0.8f;
-      r.sampling.top_k = i == 0 ? 20 : 0;
-      r.sampling.top_p = i == 0 ? 1.0f : 0.8f;
+      r.sampling.top_k = i == 1 ? 0 : 20;
+      r.sampling.top_p = i == 1 ? 0.8f : 1.0f;
       r.sampling.seed = 3 + i;
-      r.speculators = {layers->get()};
-      r.tree_shape = *TreeShape::Parse("2,1,1");
+      if (i < 2) {  // the third decodes plainly: its tokens are draws
+        r.speculators = {layers->get()};
+        r.tree_shape = *TreeShape::Parse("2,1,1");
+      }
       r.callback_logits = false;
       reqs.push_back(r);
     }
@@ -256,7 +261,7 @@ TEST(CudaLlmWorkerGeneration, SampledTreesComeBackAsDistributionsFromGpuGroups) 
     }
     // The same requests with their rows as logits: far more bytes back for as many passes.
     for (GenerateRequest& r : reqs) r.callback_logits = true;
-    EXPECT_EQ(GenerateAll(**remote, remote_kv, reqs).size(), reqs.size());
+    EXPECT_EQ(GenerateAll(**remote, remote_kv, reqs), want) << what;
     const auto end = (*remote)->traffic();
     const double dist_bytes = static_cast<double>(after.response_bytes - before.response_bytes) /
                               static_cast<double>(after.passes - before.passes);
