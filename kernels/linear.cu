@@ -615,12 +615,13 @@ __global__ void __launch_bounds__(kMmaThreads, kM == 1 ? 2 : 1)
     m = WarpMax(m);
     if (lane == 0) warp_max[warp] = m;
     __syncthreads();
-    if (threadIdx.x < nt) {
+    const int tid = static_cast<int>(threadIdx.x);
+    if (tid < nt) {
       m = 0.0f;
-      for (int w = threadIdx.x * per; w < (threadIdx.x + 1) * per; ++w) m = fmaxf(m, warp_max[w]);
+      for (int w = tid * per; w < (tid + 1) * per; ++w) m = fmaxf(m, warp_max[w]);
       const int shift = ScaleShift(m);
-      own_scale[0][threadIdx.x] = ldexpf(1.0f, shift);
-      own_scale[1][threadIdx.x] = ldexpf(1.0f, -shift);
+      own_scale[0][tid] = ldexpf(1.0f, shift);
+      own_scale[1][tid] = ldexpf(1.0f, -shift);
     }
     __syncthreads();
   }

@@ -298,7 +298,9 @@ TEST(ThreadCollective, OperationsRecordedIntoGraphsRunAtEveryLaunch) {
           EXPECT_TRUE(results[me].ok()) << "rank " << me << ": " << results[me].ToString();
         }
         EXPECT_EQ(gathered[me], want) << "stage " << s << " rank " << r;
-        if (s == 1) EXPECT_EQ(received[me], want_msg) << "stage " << s << " rank " << r;
+        if (s == 1) {
+          EXPECT_EQ(received[me], want_msg) << "stage " << s << " rank " << r;
+        }
       }
   }
 }
