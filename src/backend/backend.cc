@@ -72,6 +72,14 @@ void ForwardBatch::AddTokenRow(int32_t row, const TokenDraw& draw) {
   argmax_rows.push_back(row);
 }
 
+ForwardBatch ForwardBatch::WithDistRowsAsTokenRows() const {
+  ForwardBatch pass = *this;
+  for (int32_t r : dist_rows) pass.AddTokenRow(r);
+  pass.dist_rows.clear();
+  pass.dist_settings.clear();
+  return pass;
+}
+
 bool ForwardBatch::has_draws() const {
   return std::any_of(draws.begin(), draws.end(), [](const TokenDraw& d) { return !d.greedy(); });
 }
@@ -163,10 +171,7 @@ Status ModelRunner::ForwardArgmax(const ForwardBatch& batch, const KvCacheManage
   ForwardBatch with_dists;
   if (!batch.dist_rows.empty()) {
     // Distribution rows ride along as argmax rows (their argmax unused), after the real ones.
-    with_dists = batch;  // the masks it points to stay the caller's
-    for (int32_t r : batch.dist_rows) with_dists.AddTokenRow(r);
-    with_dists.dist_rows.clear();
-    with_dists.dist_settings.clear();
+    with_dists = batch.WithDistRowsAsTokenRows();
     pass = &with_dists;
   }
   argmax_shares_.resize(pass->argmax_rows.size());

@@ -115,6 +115,10 @@ struct ForwardBatch {
   bool has_draws() const;
   // Appends a distribution row under `settings`.
   void AddDistRow(int32_t row, const TokenDraw& settings);
+  // This batch with its distribution rows as greedy argmax rows after the real ones (and none
+  // left): the pass of a runner that computes those rows' logits with the argmax rows' and turns
+  // them into distributions itself. The masks it points to stay this batch's.
+  ForwardBatch WithDistRowsAsTokenRows() const;
   // Appends `count` tokens of one sequence.
   void AddSequence(SeqId seq, std::span<const int32_t> toks, std::span<const int32_t> pos,
                    int32_t kv_prefix, const TreeMask* mask, int32_t masked_kv = 0);

@@ -53,10 +53,7 @@ class CpuWorkerShard final : public WorkerShard {
       return InvalidArgumentError("a batch with distribution rows needs a DistRows to fill");
     // Distribution rows ride along as argmax rows after the real ones (their argmax unused):
     // their logits columns are left in scratch_ after the logits and argmax rows'.
-    ForwardBatch pass = batch;  // the masks it points to stay the caller's
-    pass.argmax_rows.insert(pass.argmax_rows.end(), batch.dist_rows.begin(), batch.dist_rows.end());
-    pass.dist_rows.clear();
-    pass.dist_settings.clear();
+    const ForwardBatch pass = batch.WithDistRowsAsTokenRows();
     const size_t a = batch.argmax_rows.size(), d = batch.dist_rows.size();
     shares_.resize(a + d);
     SI_RETURN_IF_ERROR(ForwardArgmaxOnHost(pass, static_cast<int32_t>(cols.begin),
