@@ -251,7 +251,9 @@ TEST(Sampler, ArgmaxKernelsAgreeWithTheContract) {
     const int32_t want = ReferenceArgmax(x);
     EXPECT_EQ(ArgmaxPortable(x), want) << "n " << x.size();
     EXPECT_EQ(Argmax(x), want) << "n " << x.size();
-    if (avx2) EXPECT_EQ(ArgmaxAvx2(x), want) << "n " << x.size();
+    if (avx2) {
+      EXPECT_EQ(ArgmaxAvx2(x), want) << "n " << x.size();
+    }
     ++checked;
   }
   EXPECT_GT(checked, 100);

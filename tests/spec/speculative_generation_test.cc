@@ -515,7 +515,7 @@ TEST(AdaptiveSpeculation, GreedyEqualsIncrementalOnStories260K) {
   auto engine = Stories({draft}, SpecBudgetMode::kAuto);
   ASSERT_TRUE(engine);
   std::vector<Case> cases;
-  for (const std::string& shape : {"1,1,1,1,1,1", "4,1,1", "1,1,3,1,1,1,1,1"}) {
+  for (const char* shape : {"1,1,1,1,1,1", "4,1,1", "1,1,3,1,1,1,1,1"}) {
     cases.push_back({"ngram", {"ngram"}, shape});
     cases.push_back({"layers:2", {"layers:2"}, shape});
     cases.push_back({"merged", {"ngram", draft, "layers:3"}, shape});
