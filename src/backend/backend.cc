@@ -72,14 +72,6 @@ void ForwardBatch::AddTokenRow(int32_t row, const TokenDraw& draw) {
   argmax_rows.push_back(row);
 }
 
-ForwardBatch ForwardBatch::WithDistRowsAsTokenRows() const {
-  ForwardBatch pass = *this;
-  for (int32_t r : dist_rows) pass.AddTokenRow(r);
-  pass.dist_rows.clear();
-  pass.dist_settings.clear();
-  return pass;
-}
-
 bool ForwardBatch::has_draws() const {
   return std::any_of(draws.begin(), draws.end(), [](const TokenDraw& d) { return !d.greedy(); });
 }
@@ -136,15 +128,19 @@ Status ForwardArgmaxOnHost(
     std::span<float> logits, std::span<ArgmaxShare> argmax,
     const std::function<Status(const ForwardBatch&, std::span<float>)>& forward) {
   const size_t m = batch.logit_rows.size(), a = batch.argmax_rows.size();
+  const size_t d = batch.dist_rows.size();
   const auto width = static_cast<size_t>(cols);
   if (logits.size() < m * width) return InvalidArgumentError("logits buffer too small");
   if (argmax.size() < a) return InvalidArgumentError("argmax buffer too small");
-  if (a == 0) return forward(batch, logits);
+  if (a == 0 && d == 0) return forward(batch, logits);
   ForwardBatch all = batch;  // the masks it points to stay the caller's
   all.logit_rows.insert(all.logit_rows.end(), batch.argmax_rows.begin(), batch.argmax_rows.end());
+  all.logit_rows.insert(all.logit_rows.end(), batch.dist_rows.begin(), batch.dist_rows.end());
   all.argmax_rows.clear();
   all.draws.clear();
-  scratch.resize((m + a) * width);
+  all.dist_rows.clear();
+  all.dist_settings.clear();
+  scratch.resize((m + a + d) * width);
   SI_RETURN_IF_ERROR(forward(all, scratch));
   std::copy_n(scratch.begin(), m * width, logits.begin());
   for (size_t i = 0; i < a; ++i) {
@@ -167,16 +163,9 @@ Status ModelRunner::ForwardArgmax(const ForwardBatch& batch, const KvCacheManage
   // settings: check those here.
   SI_RETURN_IF_ERROR(batch.Validate(vocab));
   const size_t a = batch.argmax_rows.size();
-  const ForwardBatch* pass = &batch;
-  ForwardBatch with_dists;
-  if (!batch.dist_rows.empty()) {
-    // Distribution rows ride along as argmax rows (their argmax unused), after the real ones.
-    with_dists = batch.WithDistRowsAsTokenRows();
-    pass = &with_dists;
-  }
-  argmax_shares_.resize(pass->argmax_rows.size());
+  argmax_shares_.resize(a);
   SI_RETURN_IF_ERROR(ForwardArgmaxOnHost(
-      *pass, 0, vocab, argmax_scratch_, logits, argmax_shares_,
+      batch, 0, vocab, argmax_scratch_, logits, argmax_shares_,
       [&](const ForwardBatch& b, std::span<float> out) { return Forward(b, kv, out); }));
   for (size_t i = 0; i < a; ++i) argmax[i] = argmax_shares_[i].id;
   if (dists != nullptr) {

@@ -115,10 +115,6 @@ struct ForwardBatch {
   bool has_draws() const;
   // Appends a distribution row under `settings`.
   void AddDistRow(int32_t row, const TokenDraw& settings);
-  // This batch with its distribution rows as greedy argmax rows after the real ones (and none
-  // left): the pass of a runner that computes those rows' logits with the argmax rows' and turns
-  // them into distributions itself. The masks it points to stay this batch's.
-  ForwardBatch WithDistRowsAsTokenRows() const;
   // Appends `count` tokens of one sequence.
   void AddSequence(SeqId seq, std::span<const int32_t> toks, std::span<const int32_t> pos,
                    int32_t kv_prefix, const TreeMask* mask, int32_t masked_kv = 0);
@@ -140,9 +136,11 @@ struct ArgmaxShare {
 
 // The argmax shares of a batch's argmax rows over columns [col0, col0 + cols), taken on the host
 // from logits that `forward` computes ([rows, cols] for a batch's logit_rows): `forward` runs
-// `batch` with its argmax rows appended to its logit rows (scratch holds their logits), `logits`
-// receives the logit rows' and `argmax` one share per argmax row. What runners without a device
-// argmax do.
+// `batch` with its argmax rows, then its distribution rows, appended to its logit rows and no
+// argmax or distribution rows left. `logits` receives the logit rows' logits and `argmax` one
+// share per argmax row; `scratch` is left holding all of them, [m + a + d, cols] — after the
+// logit and argmax rows, the distribution rows' logits, for the caller to turn into
+// distributions (this makes none). What runners without a device argmax do.
 Status ForwardArgmaxOnHost(
     const ForwardBatch& batch, int32_t col0, int32_t cols, std::vector<float>& scratch,
     std::span<float> logits, std::span<ArgmaxShare> argmax,

@@ -45,21 +45,15 @@ class CpuWorkerShard final : public WorkerShard {
     if (!runner_->last_stage() || (batch.argmax_rows.empty() && batch.dist_rows.empty()))
       return forward(batch, logits);
     const ShardRange cols = runner_->vocab();
-    if (batch.dist_rows.empty())
-      return ForwardArgmaxOnHost(batch, static_cast<int32_t>(cols.begin),
-                                 static_cast<int32_t>(cols.count), scratch_, logits, argmax,
-                                 forward);
-    if (dists == nullptr)
+    if (!batch.dist_rows.empty() && dists == nullptr)
       return InvalidArgumentError("a batch with distribution rows needs a DistRows to fill");
-    // Distribution rows ride along as argmax rows after the real ones (their argmax unused):
-    // their logits columns are left in scratch_ after the logits and argmax rows'.
-    const ForwardBatch pass = batch.WithDistRowsAsTokenRows();
-    const size_t a = batch.argmax_rows.size(), d = batch.dist_rows.size();
-    shares_.resize(a + d);
-    SI_RETURN_IF_ERROR(ForwardArgmaxOnHost(pass, static_cast<int32_t>(cols.begin),
+    // The distribution rows' logits columns are left in scratch_ after the logits and argmax
+    // rows'.
+    SI_RETURN_IF_ERROR(ForwardArgmaxOnHost(batch, static_cast<int32_t>(cols.begin),
                                            static_cast<int32_t>(cols.count), scratch_, logits,
-                                           shares_, forward));
-    std::copy_n(shares_.begin(), a, argmax.begin());
+                                           argmax, forward));
+    const size_t a = batch.argmax_rows.size(), d = batch.dist_rows.size();
+    if (d == 0) return Status::Ok();
     // A rank's columns make no distribution: the stage's ranks gather those rows whole first.
     const int32_t vocab = runner_->model().config().vocab_size;
     rows_.resize(d * static_cast<size_t>(vocab));
@@ -99,8 +93,7 @@ class CpuWorkerShard final : public WorkerShard {
   std::unique_ptr<CpuShardRunner> runner_;
   std::unique_ptr<CollectiveGroup> group_;
   std::vector<float> scratch_;  // the argmax (and distribution) rows' logits columns
-  std::vector<ArgmaxShare> shares_;
-  std::vector<float> rows_;  // distribution rows' whole logits, then their probabilities
+  std::vector<float> rows_;     // distribution rows' whole logits, then their probabilities
 };
 
 StatusOr<std::unique_ptr<WorkerShard>> CreateCpuShard(std::shared_ptr<const Model> model,
