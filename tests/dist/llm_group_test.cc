@@ -24,28 +24,9 @@ namespace {
 
 using testing::LlmTestGroup;
 
-struct Stories {
-  std::shared_ptr<const Model> model;
-  uint64_t fingerprint = 0;
-  std::vector<int32_t> Encode(const std::string& text) const {
-    return *tokenizer->Encode(text, /*add_bos=*/true);
-  }
-  std::shared_ptr<const Tokenizer> tokenizer;
-};
-
-const Stories& LoadStories() {
-  static const Stories* s = [] {
-    auto loaded = LoadModelAndTokenizer(testing::Stories260KModel(),
-                                        testing::Stories260KTokenizer());
-    EXPECT_TRUE(loaded.ok()) << loaded.status().ToString();
-    auto* st = new Stories;
-    st->fingerprint = VocabFingerprint(*loaded->tokenizer);
-    st->model = std::shared_ptr<const Model>(std::move(loaded->model));
-    st->tokenizer = std::shared_ptr<const Tokenizer>(std::move(loaded->tokenizer));
-    return st;
-  }();
-  return *s;
-}
+using testing::GenerateAll;
+using testing::LoadStories;
+using testing::Stories;
 
 // Grouped-query attention (6 query heads on 2 KV heads), odd hidden size and vocabulary (uneven
 // TP shares of the feed-forward and the output matrix), untied output, 3 layers.
@@ -163,37 +144,6 @@ TEST(LlmShard, SplitsAreEvenAndCoverEverything) {
             StatusCode::kInvalidArgument);
 }
 
-// Runs every request to completion on `runner` through one EngineCore; returns the tokens.
-std::vector<std::vector<int32_t>> GenerateAll(ModelRunner& runner, KvCacheManager& kv,
-                                              const std::vector<GenerateRequest>& reqs,
-                                              bool prefix_cache = true,
-                                              int32_t* cached_prompt_tokens = nullptr) {
-  BatchOptions o;
-  o.prefix_cache = prefix_cache;
-  o.max_sequences = 4;
-  o.max_batch_tokens = 24;  // prefill chunks share passes with trees
-  // The requests sample (seeded): the same draws need the same trees, which the adaptive
-  // controller would choose from each runner's timings (engine/spec_controller.h).
-  o.spec_budget = SpecBudgetMode::kStatic;
-  EngineCore gen(runner, kv, o);
-  std::vector<std::optional<StatusOr<GenerateResult>>> done(reqs.size());
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    auto a = gen.Add(reqs[i], nullptr, [&done, i](StatusOr<GenerateResult> r) { done[i] = r; });
-    EXPECT_TRUE(a.ok() && *a == EngineCore::Admission::kAdmitted) << i;
-  }
-  for (int steps = 0; !gen.idle() && steps < 5000; ++steps) gen.Step();
-  std::vector<std::vector<int32_t>> out;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    EXPECT_TRUE(done[i].has_value() && done[i]->ok())
-        << i << ": " << (done[i] ? done[i]->status().ToString() : "not done");
-    out.push_back(done[i] && done[i]->ok() ? (*done[i])->tokens : std::vector<int32_t>{});
-    if (cached_prompt_tokens && done[i] && done[i]->ok())
-      *cached_prompt_tokens += (*done[i])->stats.cached_prompt_tokens;
-  }
-  EXPECT_EQ(kv.used_blocks(), 0);
-  return out;
-}
-
 TEST(LlmGroupGeneration, GreedyTp2Pp2EqualsLocalEngineWithAndWithoutSpeculation) {
   const Stories& st = LoadStories();
   auto group = testing::StartLlmGroup(st.model, st.fingerprint, 2, 2);
@@ -296,55 +246,18 @@ TEST(LlmGroupGeneration, SampledTreesAndDrawsComeBackAsDistributionsFromCpuGroup
   so.num_threads = 1;
   auto layers = CreateSpeculator("layers:2", st.model, so);
   ASSERT_TRUE(layers.ok()) << layers.status().ToString();
-  std::vector<GenerateRequest> reqs;
-  const char* prompts[] = {"Once upon a time", "Lily and Ben went to the park. They saw",
-                           "The cat"};
-  for (int i = 0; i < 3; ++i) {
-    GenerateRequest r;
-    r.prompt_tokens = st.Encode(prompts[i]);
-    r.max_new_tokens = 16;
-    r.prefill_chunk = 7;
-    r.sampling.temperature = 0.8f;
-    r.sampling.top_k = i == 1 ? 0 : 20;
-    r.sampling.top_p = i == 1 ? 0.8f : 1.0f;
-    r.sampling.seed = 11 + i;
-    if (i < 2) {  // the third decodes plainly: its tokens are draws
-      r.speculators = {layers->get()};
-      r.tree_shape = *TreeShape::Parse("2,1,1");
-    }
-    r.callback_logits = false;
-    reqs.push_back(r);
-  }
+  const auto reqs =
+      testing::SampledRequests(st, layers->get(), 16, /*seed=*/11, /*prefill_chunk=*/7);
   for (const auto& [tp, pp] : {std::make_pair(1, 1), std::make_pair(1, 2), std::make_pair(2, 1)}) {
     const std::string what = "tp " + std::to_string(tp) + " pp " + std::to_string(pp);
     auto group = testing::StartLlmGroup(st.model, st.fingerprint, tp, pp);
     ASSERT_TRUE(group) << what;
     auto remote = RemoteLlmRunner::Connect(group->GroupOptions(), st.model, st.fingerprint);
     ASSERT_TRUE(remote.ok()) << remote.status().ToString();
-    EXPECT_TRUE((*remote)->returns_distributions()) << what;
-    EXPECT_TRUE((*remote)->draws_tokens()) << what;
     auto local = testing::MakeLocalRunner(st.model, (*remote)->num_kv_blocks());
     KvCacheManager remote_kv((*remote)->num_kv_blocks(), (*remote)->kv_block_size());
     const auto want = GenerateAll(*local.runner, *local.kv, reqs);
-    const auto before = (*remote)->traffic();
-    const auto got = GenerateAll(**remote, remote_kv, reqs);
-    const auto after = (*remote)->traffic();
-    for (size_t i = 0; i < want.size(); ++i) {
-      EXPECT_EQ(want[i].size(), 16u) << what << ", request " << i;
-      EXPECT_EQ(got[i], want[i]) << what << ", request " << i;
-    }
-    std::vector<GenerateRequest> with_logits = reqs;
-    for (GenerateRequest& r : with_logits) r.callback_logits = true;
-    EXPECT_EQ(GenerateAll(**remote, remote_kv, with_logits), want) << what;
-    const auto end = (*remote)->traffic();
-    const double dist_bytes = static_cast<double>(after.response_bytes - before.response_bytes) /
-                              static_cast<double>(after.passes - before.passes);
-    const double logits_bytes = static_cast<double>(end.response_bytes - after.response_bytes) /
-                                static_cast<double>(end.passes - after.passes);
-    std::printf("[llm group %s, sampled] %.0f response bytes a pass with distribution rows, %.0f "
-                "with logits rows\n",
-                what.c_str(), dist_bytes, logits_bytes);
-    EXPECT_LT(dist_bytes * 3, logits_bytes) << what;
+    testing::ExpectDistributionRowsGiveTokensForFewerBytes(**remote, remote_kv, reqs, want, what);
   }
 }
 

@@ -1,13 +1,16 @@
-// Helpers of the LLM-worker tests: a TP x PP group of LlmWorkerServers in this process (each on
-// 127.0.0.1 with a port of its own and one compute thread; Gloo over loopback), and a
-// scenario of forward passes that covers prefill, decode, several sequences per batch, token
-// trees with masks, masked KV entries and MoveKv, whose logits are compared between runners.
+// Helpers of the LLM-worker tests (tests/dist on CPU workers, tests/dist_cuda on GPU ones): a
+// TP x PP group of LlmWorkerServers in this process (each on 127.0.0.1 with a port of its own and
+// one compute thread; Gloo over loopback), a scenario of forward passes that covers prefill,
+// decode, several sequences per batch, token trees with masks, masked KV entries and MoveKv,
+// whose logits are compared between runners, and generation through EngineCore on any runner.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,9 +18,133 @@
 #include "backend/cpu/cpu_runner.h"
 #include "dist/llm_client.h"
 #include "dist/llm_worker.h"
+#include "dist/model_identity.h"
+#include "engine/engine_core.h"
 #include "kv/kv_cache.h"
+#include "model/loader.h"
+#include "spec/token_tree.h"
+#include "test_util.h"
 
 namespace specinfer::testing {
+
+// stories260K with its tokenizer, loaded once per test program (model null if it failed, with
+// a test failure).
+struct Stories {
+  std::shared_ptr<const Model> model;
+  std::shared_ptr<const Tokenizer> tokenizer;
+  uint64_t fingerprint = 0;  // VocabFingerprint of the tokenizer, what workers are started with
+  std::vector<int32_t> Encode(const std::string& text) const {
+    return *tokenizer->Encode(text, /*add_bos=*/true);
+  }
+};
+
+inline const Stories& LoadStories() {
+  static const Stories* s = [] {
+    auto loaded = LoadModelAndTokenizer(Stories260KModel(), Stories260KTokenizer());
+    EXPECT_TRUE(loaded.ok()) << loaded.status().ToString();
+    auto* st = new Stories;
+    if (loaded.ok()) {
+      st->fingerprint = VocabFingerprint(*loaded->tokenizer);
+      st->model = std::shared_ptr<const Model>(std::move(loaded->model));
+      st->tokenizer = std::shared_ptr<const Tokenizer>(std::move(loaded->tokenizer));
+    }
+    return st;
+  }();
+  return *s;
+}
+
+// Runs every request to completion on `runner` through one EngineCore (static trees: the
+// requests may sample, seeded, and the same draws need the same trees, which the adaptive
+// controller would choose from each runner's timings); returns the tokens. Adds to
+// *cached_prompt_tokens the prompt tokens the prefix cache served, if given.
+inline std::vector<std::vector<int32_t>> GenerateAll(ModelRunner& runner, KvCacheManager& kv,
+                                                     const std::vector<GenerateRequest>& reqs,
+                                                     bool prefix_cache = true,
+                                                     int32_t* cached_prompt_tokens = nullptr) {
+  BatchOptions o;
+  o.prefix_cache = prefix_cache;
+  o.max_sequences = 4;
+  o.max_batch_tokens = 24;  // prefill chunks share passes with trees
+  o.spec_budget = SpecBudgetMode::kStatic;
+  EngineCore gen(runner, kv, o);
+  std::vector<std::optional<StatusOr<GenerateResult>>> done(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto a = gen.Add(reqs[i], nullptr, [&done, i](StatusOr<GenerateResult> r) { done[i] = r; });
+    EXPECT_TRUE(a.ok() && *a == EngineCore::Admission::kAdmitted) << i;
+  }
+  for (int steps = 0; !gen.idle() && steps < 5000; ++steps) gen.Step();
+  std::vector<std::vector<int32_t>> out;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_TRUE(done[i].has_value() && done[i]->ok())
+        << i << ": " << (done[i] ? done[i]->status().ToString() : "not done");
+    out.push_back(done[i] && done[i]->ok() ? (*done[i])->tokens : std::vector<int32_t>{});
+    if (cached_prompt_tokens && done[i] && done[i]->ok())
+      *cached_prompt_tokens += (*done[i])->stats.cached_prompt_tokens;
+  }
+  EXPECT_EQ(kv.used_blocks(), 0);
+  return out;
+}
+
+// Three sampled requests on stories260K whose callbacks read no logits: two verify token trees
+// ("2,1,1") drafted by `speculator` (top-k 20; top-p 0.8), the third decodes plainly, its tokens
+// draws. Seeds seed, seed + 1, seed + 2.
+inline std::vector<GenerateRequest> SampledRequests(
+    const Stories& st, Speculator* speculator, int32_t max_new_tokens, uint64_t seed,
+    int32_t prefill_chunk = GenerateRequest{}.prefill_chunk) {
+  std::vector<GenerateRequest> reqs;
+  const char* prompts[] = {"Once upon a time", "Lily and Ben went to the park. They saw",
+                           "The cat"};
+  for (int i = 0; i < 3; ++i) {
+    GenerateRequest r;
+    r.prompt_tokens = st.Encode(prompts[i]);
+    r.max_new_tokens = max_new_tokens;
+    r.prefill_chunk = prefill_chunk;
+    r.sampling.temperature = 0.8f;
+    r.sampling.top_k = i == 1 ? 0 : 20;
+    r.sampling.top_p = i == 1 ? 0.8f : 1.0f;
+    r.sampling.seed = seed + static_cast<uint64_t>(i);
+    if (i < 2) {
+      r.speculators = {speculator};
+      r.tree_shape = *TreeShape::Parse("2,1,1");
+    }
+    r.callback_logits = false;
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+// `reqs` (callbacks reading no logits) over the group behind `remote`: the group answers with
+// distribution rows and draws, and the tokens equal `want` (another runner's), request for
+// request; the same requests reading logits give the same tokens for several times the response
+// bytes a pass (printed, tagged `what`).
+inline void ExpectDistributionRowsGiveTokensForFewerBytes(
+    RemoteLlmRunner& remote, KvCacheManager& remote_kv, const std::vector<GenerateRequest>& reqs,
+    const std::vector<std::vector<int32_t>>& want, const std::string& what) {
+  EXPECT_TRUE(remote.returns_distributions()) << what;
+  EXPECT_TRUE(remote.draws_tokens()) << what;
+  const auto before = remote.traffic();
+  const auto got = GenerateAll(remote, remote_kv, reqs);
+  const auto after = remote.traffic();
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(want[i].size(), static_cast<size_t>(reqs[i].max_new_tokens))
+        << what << ", request " << i;
+    EXPECT_EQ(got[i], want[i]) << what << ", request " << i;
+  }
+  std::vector<GenerateRequest> with_logits = reqs;
+  for (GenerateRequest& r : with_logits) r.callback_logits = true;
+  EXPECT_EQ(GenerateAll(remote, remote_kv, with_logits), want) << what;
+  const auto end = remote.traffic();
+  const double dist_bytes = static_cast<double>(after.response_bytes - before.response_bytes) /
+                            static_cast<double>(after.passes - before.passes);
+  const double logits_bytes = static_cast<double>(end.response_bytes - after.response_bytes) /
+                              static_cast<double>(end.passes - after.passes);
+  std::printf(
+      "[llm group %s, sampled] %.0f response bytes a pass with distribution rows, %.0f "
+      "with logits rows\n",
+      what.c_str(), dist_bytes, logits_bytes);
+  EXPECT_LT(dist_bytes * 3, logits_bytes) << what;
+}
 
 struct LlmTestGroup {
   std::shared_ptr<const Model> model;
@@ -40,8 +167,7 @@ struct LlmTestGroup {
 
   // Starts worker i (again) on its old port, or a fresh one.
   Status StartWorker(size_t i) {
-    const std::string listen =
-        addresses.size() > i ? addresses[i] : std::string("127.0.0.1:0");
+    const std::string listen = addresses.size() > i ? addresses[i] : std::string("127.0.0.1:0");
     auto w = LlmWorkerServer::Start(OptionsFor(i, listen), model, fingerprint);
     if (!w.ok()) return w.status();
     if (addresses.size() <= i) addresses.resize(i + 1);
@@ -64,8 +190,7 @@ struct LlmTestGroup {
 };
 
 inline std::unique_ptr<LlmTestGroup> StartLlmGroup(std::shared_ptr<const Model> model,
-                                                   uint64_t fingerprint, int32_t tp,
-                                                   int32_t pp) {
+                                                   uint64_t fingerprint, int32_t tp, int32_t pp) {
   auto g = std::make_unique<LlmTestGroup>();
   g->model = std::move(model);
   g->fingerprint = fingerprint;

@@ -29,27 +29,9 @@
 namespace specinfer {
 namespace {
 
-struct Stories {
-  std::shared_ptr<const Model> model;
-  std::shared_ptr<const Tokenizer> tokenizer;
-  uint64_t fingerprint = 0;
-};
-
-const Stories& LoadStories() {
-  static const Stories* s = [] {
-    auto loaded =
-        LoadModelAndTokenizer(testing::Stories260KModel(), testing::Stories260KTokenizer());
-    EXPECT_TRUE(loaded.ok()) << loaded.status().ToString();
-    auto* st = new Stories;
-    if (loaded.ok()) {
-      st->fingerprint = VocabFingerprint(*loaded->tokenizer);
-      st->model = std::shared_ptr<const Model>(std::move(loaded->model));
-      st->tokenizer = std::shared_ptr<const Tokenizer>(std::move(loaded->tokenizer));
-    }
-    return st;
-  }();
-  return *s;
-}
+using testing::GenerateAll;
+using testing::LoadStories;
+using testing::Stories;
 
 // Starts cuda worker i of `g` on device i (again on its old address, if it had one).
 Status StartCudaWorker(testing::LlmTestGroup& g, size_t i) {
@@ -124,31 +106,6 @@ INSTANTIATE_TEST_SUITE_P(Layouts, CudaLlmWorkers,
                                   std::to_string(info.param.second);
                          });
 
-// Runs every request to completion on `runner` through one EngineCore (static trees: the adaptive
-// controller would choose from each runner's timings); returns the tokens.
-std::vector<std::vector<int32_t>> GenerateAll(ModelRunner& runner, KvCacheManager& kv,
-                                              const std::vector<GenerateRequest>& reqs) {
-  BatchOptions o;
-  o.max_sequences = 4;
-  o.max_batch_tokens = 24;  // prefill chunks share passes with trees
-  o.spec_budget = SpecBudgetMode::kStatic;
-  EngineCore gen(runner, kv, o);
-  std::vector<std::optional<StatusOr<GenerateResult>>> done(reqs.size());
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    auto a = gen.Add(reqs[i], nullptr, [&done, i](StatusOr<GenerateResult> r) { done[i] = r; });
-    EXPECT_TRUE(a.ok() && *a == EngineCore::Admission::kAdmitted) << i;
-  }
-  for (int steps = 0; !gen.idle() && steps < 2000; ++steps) gen.Step();
-  std::vector<std::vector<int32_t>> out;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    EXPECT_TRUE(done[i].has_value() && done[i]->ok())
-        << i << ": " << (done[i] ? done[i]->status().ToString() : "not done");
-    out.push_back(done[i] && done[i]->ok() ? (*done[i])->tokens : std::vector<int32_t>{});
-  }
-  EXPECT_EQ(kv.used_blocks(), 0);
-  return out;
-}
-
 // Continuous batching over the group (prefill chunks beside token trees, KV compaction of
 // accepted paths), with and without speculation: greedy output equals one GPU's, token for token
 // (the shares' decode and tree passes of repeated shapes replayed from CUDA graphs).
@@ -180,7 +137,7 @@ TEST(CudaLlmWorkerGeneration, GreedyTp2Pp2EqualsOneGpuWithAndWithoutSpeculation)
                            "One day, a little girl named Lily found a needle"};
   for (int i = 0; i < 3; ++i) {
     GenerateRequest r;
-    r.prompt_tokens = *st.tokenizer->Encode(prompts[i], /*add_bos=*/true);
+    r.prompt_tokens = st.Encode(prompts[i]);
     r.max_new_tokens = 24;
     r.prefill_chunk = 7;
     if (i == 1) {
@@ -215,6 +172,7 @@ TEST(CudaLlmWorkerGeneration, SampledTreesAndDrawsComeBackAsDistributionsFromGpu
   so.num_threads = 1;
   auto layers = CreateSpeculator("layers:2", st.model, so);
   ASSERT_TRUE(layers.ok()) << layers.status().ToString();
+  const auto reqs = testing::SampledRequests(st, layers->get(), 12, /*seed=*/3);
   for (const auto& [tp, pp] : {std::make_pair(1, 1), std::make_pair(1, 2), std::make_pair(2, 1)}) {
     const std::string what = "tp " + std::to_string(tp) + " pp " + std::to_string(pp);
     if (cuda::DeviceCount() < tp * pp) {
@@ -225,51 +183,14 @@ TEST(CudaLlmWorkerGeneration, SampledTreesAndDrawsComeBackAsDistributionsFromGpu
     ASSERT_TRUE(group) << what;
     auto remote = RemoteLlmRunner::Connect(group->GroupOptions(), st.model, st.fingerprint);
     ASSERT_TRUE(remote.ok()) << remote.status().ToString();
-    EXPECT_TRUE((*remote)->returns_distributions()) << what;
-    EXPECT_TRUE((*remote)->draws_tokens()) << what;
     const int32_t blocks = (*remote)->num_kv_blocks();
     cuda::CudaRunnerOptions o;
     o.num_kv_blocks = blocks;
     auto whole = cuda::CudaModelRunner::Create(st.model, o);
     ASSERT_TRUE(whole.ok()) << whole.status().ToString();
-    std::vector<GenerateRequest> reqs;
-    const char* prompts[] = {"Once upon a time", "Lily and Ben went to the park. They saw",
-                             "The cat"};
-    for (int i = 0; i < 3; ++i) {
-      GenerateRequest r;
-      r.prompt_tokens = *st.tokenizer->Encode(prompts[i], /*add_bos=*/true);
-      r.max_new_tokens = 12;
-      r.sampling.temperature = 0.8f;
-      r.sampling.top_k = i == 1 ? 0 : 20;
-      r.sampling.top_p = i == 1 ? 0.8f : 1.0f;
-      r.sampling.seed = 3 + i;
-      if (i < 2) {  // the third decodes plainly: its tokens are draws
-        r.speculators = {layers->get()};
-        r.tree_shape = *TreeShape::Parse("2,1,1");
-      }
-      r.callback_logits = false;
-      reqs.push_back(r);
-    }
     KvCacheManager whole_kv(blocks, 16), remote_kv(blocks, (*remote)->kv_block_size());
     const auto want = GenerateAll(**whole, whole_kv, reqs);
-    const auto before = (*remote)->traffic();
-    const auto got = GenerateAll(**remote, remote_kv, reqs);
-    const auto after = (*remote)->traffic();
-    for (size_t i = 0; i < want.size(); ++i) {
-      EXPECT_EQ(want[i].size(), 12u) << what << ", request " << i;
-      EXPECT_EQ(got[i], want[i]) << what << ", request " << i;
-    }
-    // The same requests with their rows as logits: far more bytes back for as many passes.
-    for (GenerateRequest& r : reqs) r.callback_logits = true;
-    EXPECT_EQ(GenerateAll(**remote, remote_kv, reqs), want) << what;
-    const auto end = (*remote)->traffic();
-    const double dist_bytes = static_cast<double>(after.response_bytes - before.response_bytes) /
-                              static_cast<double>(after.passes - before.passes);
-    const double logits_bytes = static_cast<double>(end.response_bytes - after.response_bytes) /
-                                static_cast<double>(end.passes - after.passes);
-    std::printf("%s: %.0f response bytes a pass with distribution rows, %.0f with logits rows\n",
-                what.c_str(), dist_bytes, logits_bytes);
-    EXPECT_LT(dist_bytes * 3, logits_bytes) << what;
+    testing::ExpectDistributionRowsGiveTokensForFewerBytes(**remote, remote_kv, reqs, want, what);
   }
 }
 
