@@ -325,6 +325,14 @@ const GroupKernels kGroup64Avx2[5] = {{nullptr, nullptr},
 // horizontal sums follow the same tree; the row updates are element-wise FMAs in row order as
 // before. Same results bit for bit, with half the instructions.
 #define SI_ATT512 __attribute__((target("avx2,fma,avx512f,avx512vl")))
+// The sum of v's two 256-bit halves. GCC 12's _mm512_castps512_ps256 and _mm512_extractf64x4_pd
+// wrap a masked extract with an undefined pass-through, which -Wmaybe-uninitialized reports once
+// inlined in DotRowsGroup64; with a full zero mask it is the same vextractf64x4.
+SI_ATT512 inline __m256 AddHalves(__m512 v) {
+  const __m512d d = _mm512_castps_pd(v);
+  return _mm256_add_ps(_mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xFF, d, 0)),
+                       _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xFF, d, 1)));
+}
 SI_ATT512 void DotRowsAvx512(const float* q, const float* base, const int32_t* slots,
                              int64_t rows, int64_t stride, int64_t n, float scale,
                              float* scores) {
@@ -338,8 +346,7 @@ SI_ATT512 void DotRowsAvx512(const float* q, const float* base, const int32_t* s
     // An FMA into zero, as DotAvx2Inline (a product -0 sums to +0 here too).
     __m512 acc = _mm512_fmadd_ps(qv[0], _mm512_loadu_ps(b), _mm512_setzero_ps());
     for (int i = 1; i < steps; ++i) acc = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(b + 16 * i), acc);
-    return _mm256_add_ps(_mm512_castps512_ps256(acc),
-                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+    return AddHalves(acc);
   };
   for (; k + 8 <= rows; k += 8) {
     __m256 v[8];
@@ -392,8 +399,7 @@ SI_ATT512 void DotRowsGroup64(const float* q, const float* base, const int32_t* 
 #pragma GCC unroll 3
     for (int i = 1; i < 4; ++i)
       acc = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * i), _mm512_loadu_ps(b + 16 * i), acc);
-    return _mm256_add_ps(_mm512_castps512_ps256(acc),
-                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+    return AddHalves(acc);
   };
   int64_t k = 0;
   for (; k + 8 <= rows; k += 8) {
