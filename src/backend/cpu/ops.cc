@@ -319,11 +319,6 @@ const GroupKernels kGroup64Avx2[5] = {{nullptr, nullptr},
                                       {DotRowsGroup64Avx2<3>, AxpyRowsGroup64Avx2<3>},
                                       {DotRowsGroup64Avx2<4>, AxpyRowsGroup64Avx2<4>}};
 
-// DotRowsAvx2 and AxpyRowsAvx2 with AVX-512 (F, VL) for head sizes that are multiples of 16:
-// one zmm holds what DotAvx2Inline keeps in acc0 and acc1 (lanes 0-7: columns i..i+7, lanes
-// 8-15: i+8..i+15, per step of 16), so each lane sees the same FMAs in the same order, and the
-// horizontal sums follow the same tree; the row updates are element-wise FMAs in row order as
-// before. Same results bit for bit, with half the instructions.
 #define SI_ATT512 __attribute__((target("avx2,fma,avx512f,avx512vl")))
 // The sum of v's two 256-bit halves. GCC 12's _mm512_castps512_ps256 and _mm512_extractf64x4_pd
 // wrap a masked extract with an undefined pass-through, which -Wmaybe-uninitialized reports once
@@ -333,6 +328,12 @@ SI_ATT512 inline __m256 AddHalves(__m512 v) {
   return _mm256_add_ps(_mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xFF, d, 0)),
                        _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xFF, d, 1)));
 }
+
+// DotRowsAvx2 and AxpyRowsAvx2 with AVX-512 (F, VL) for head sizes that are multiples of 16:
+// one zmm holds what DotAvx2Inline keeps in acc0 and acc1 (lanes 0-7: columns i..i+7, lanes
+// 8-15: i+8..i+15, per step of 16), so each lane sees the same FMAs in the same order, and the
+// horizontal sums follow the same tree; the row updates are element-wise FMAs in row order as
+// before. Same results bit for bit, with half the instructions.
 SI_ATT512 void DotRowsAvx512(const float* q, const float* base, const int32_t* slots,
                              int64_t rows, int64_t stride, int64_t n, float scale,
                              float* scores) {
