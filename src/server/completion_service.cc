@@ -37,11 +37,13 @@ ApiError CompletionService::CheckParameters(const CompletionRequest& r) const {
                "model", "model_not_found", 0};
     return e;
   }
-  if (!(r.temperature >= 0.0f && r.temperature <= L::kMaxTemperature))
+  // (The server's defaults for absent fields were checked at start.)
+  if (r.temperature && !(*r.temperature >= 0.0f && *r.temperature <= L::kMaxTemperature))
     return ApiError::Invalid("temperature must be between 0 and 2", "temperature");
-  if (!(r.top_p > 0.0f && r.top_p <= 1.0f))
+  if (r.top_p && !(*r.top_p > 0.0f && *r.top_p <= 1.0f))
     return ApiError::Invalid("top_p must be in (0, 1]", "top_p");
-  if (r.top_k < -1) return ApiError::Invalid("top_k must be -1 or 0 (off) or positive", "top_k");
+  if (r.top_k && *r.top_k < -1)
+    return ApiError::Invalid("top_k must be -1 or 0 (off) or positive", "top_k");
   if (r.n < 1 || r.n > L::kMaxSequences)
     return ApiError::Invalid("n must be between 1 and " + std::to_string(L::kMaxSequences), "n");
   const size_t num_prompts = r.chat ? 1 : r.prompts.size();
@@ -145,8 +147,11 @@ ApiError CompletionService::Prepare(const CompletionRequest& r, PreparedRequest*
                                "max_tokens");
       }
     } else {
+      // The server's default, else the endpoint's; never beyond the context.
       max_tokens = context - prompt_len;
-      if (r.default_max_tokens >= 0) max_tokens = std::min(max_tokens, r.default_max_tokens);
+      const int64_t cap =
+          options_.defaults.max_tokens > 0 ? options_.defaults.max_tokens : r.default_max_tokens;
+      if (cap >= 0) max_tokens = std::min(max_tokens, cap);
     }
     out->prompt_tokens += static_cast<int32_t>(prompt_len);
 
@@ -155,9 +160,10 @@ ApiError CompletionService::Prepare(const CompletionRequest& r, PreparedRequest*
       job.index = static_cast<int32_t>(pi) * r.n + j;
       job.generate.prompt_tokens = prompts[pi];
       job.generate.max_new_tokens = static_cast<int32_t>(max_tokens);
-      job.generate.sampling.temperature = r.temperature;
-      job.generate.sampling.top_p = r.top_p;
-      job.generate.sampling.top_k = std::max(r.top_k, 0);
+      const GenerationDefaults& d = options_.defaults;
+      job.generate.sampling.temperature = r.temperature.value_or(d.temperature);
+      job.generate.sampling.top_p = r.top_p.value_or(d.top_p);
+      job.generate.sampling.top_k = std::max(r.top_k.value_or(d.top_k), 0);
       job.generate.sampling.seed =
           r.seed ? static_cast<uint64_t>(*r.seed) + static_cast<uint64_t>(j) : RandomSeed();
       job.generate.stop_tokens = stop_tokens;

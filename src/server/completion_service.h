@@ -10,6 +10,8 @@
 //   over-long one; bad speculation settings, and speculation.enabled while the build cannot
 //   speculate; token ids outside the vocabulary; a prompt longer than the context, or prompt +
 //   max_tokens beyond it ("context_length_exceeded"); max_tokens < 0.
+// Fields a request leaves out take ServiceOptions::defaults (a default max_tokens is cut to what
+// the context holds after the prompt instead of refused).
 //
 // Thread safety: const methods may be called from any thread (they use only the Engine's
 // immutable parts).
@@ -35,6 +37,8 @@ struct ServiceOptions {
   bool speculation_available = false;
   // "model:PATH" drafts loaded at start: the only model drafts a request may name.
   std::vector<std::string> model_drafts;
+  // Sampling and max_tokens for requests that leave them out; Validate()d by the caller.
+  GenerationDefaults defaults;
 };
 
 struct PreparedRequest {

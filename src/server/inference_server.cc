@@ -1,7 +1,8 @@
 #include "server/inference_server.h"
 
-#include <algorithm>
+#include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <filesystem>
 
 namespace specinfer {
@@ -37,6 +38,9 @@ StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(std::unique_pt
     auto named = ChatTemplate::Named(options.chat_template);
     if (!named.ok()) return named.status();
   }
+  SI_RETURN_IF_ERROR(options.defaults.Validate());
+  if (!(options.defaults == GenerationDefaults{}))  // at warn, with the other start-up lines
+    spdlog::warn("requests that leave them out get {}", options.defaults.ToString());
   auto s = std::unique_ptr<InferenceServer>(new InferenceServer());
   s->engine_ = std::move(engine);
   s->metrics_ = std::make_unique<ServerMetrics>();
@@ -49,6 +53,7 @@ StatusOr<std::unique_ptr<InferenceServer>> InferenceServer::Start(std::unique_pt
   ServiceOptions so;
   so.served_model_name = options.served_model_name;
   so.chat_template = options.chat_template;
+  so.defaults = options.defaults;
   so.speculation_available = true;
   for (const Speculator* sp : s->engine_->speculators())
     if (sp->name().starts_with("model:")) so.model_drafts.push_back(sp->name());

@@ -25,6 +25,7 @@ struct InferenceServerOptions {
   EngineOptions engine;           // used by the Start overload that loads the model
   std::string served_model_name;  // "": the model file's stem
   std::string chat_template;      // default chat template override ("": the model's own)
+  GenerationDefaults defaults;    // for requests that leave sampling or max_tokens out
   RequestQueueOptions queue;
   HttpServerOptions http;
   bool enable_grpc = true;

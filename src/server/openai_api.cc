@@ -101,6 +101,14 @@ ApiError GetFloat(const json& obj, const char* key, float* out) {
   return {};
 }
 
+ApiError GetFloat(const json& obj, const char* key, std::optional<float>* out) {
+  float v = 0;
+  if (!Find(obj, key)) return {};
+  if (ApiError e = GetFloat(obj, key, &v); !e.ok()) return e;
+  *out = v;
+  return {};
+}
+
 ApiError GetBool(const json& obj, const char* key, bool* out) {
   const json* v = Find(obj, key);
   if (!v) return {};

@@ -15,6 +15,7 @@
 
 #include "engine/chat_template.h"
 #include "engine/generator.h"
+#include "server/generation_defaults.h"
 #include "server/logprobs.h"
 #include "server/speculation.h"
 #include "specinfer/status.h"
@@ -45,13 +46,15 @@ struct CompletionRequest {
   std::vector<ChatMessage> messages;  // chat: the conversation
   std::string chat_template;          // chat: "" = the model's own; chatml, llama2, llama3, gemma
 
-  // New tokens per sequence; absent: as many as the context holds after the prompt.
+  // New tokens per sequence; absent: the server's GenerationDefaults::max_tokens if set, else
+  // default_max_tokens, at most what the context holds after the prompt.
   std::optional<int64_t> max_tokens;
-  int64_t default_max_tokens = -1;  // cap when max_tokens is absent (completions: 16); -1: none
-  float temperature = 1.0f;         // 0: greedy
-  float top_p = 1.0f;
-  int32_t top_k = 0;
-  std::optional<int64_t> seed;  // absent: random per sequence
+  int64_t default_max_tokens = -1;  // the endpoint's (completions: 16); -1: to the context
+  // Sampling; absent: the server's GenerationDefaults (OpenAI's 1, 1 and off unless configured).
+  std::optional<float> temperature;  // 0: greedy
+  std::optional<float> top_p;
+  std::optional<int32_t> top_k;  // -1 and 0: off
+  std::optional<int64_t> seed;   // absent: random per sequence
   std::vector<std::string> stop;
   bool ignore_eos = false;  // vLLM's extension: no stop tokens (EOS, end of turn) at all
   int32_t n = 1;            // sequences per prompt (seeds seed, seed + 1, ...)

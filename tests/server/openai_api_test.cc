@@ -44,8 +44,8 @@ TEST(OpenAiParse, CompletionFields) {
   EXPECT_FALSE(r.prompts[0].is_tokens);
   EXPECT_EQ(r.prompts[0].text, "Hello");
   EXPECT_EQ(r.max_tokens, 7);
-  EXPECT_FLOAT_EQ(r.temperature, 0.5f);
-  EXPECT_FLOAT_EQ(r.top_p, 0.9f);
+  EXPECT_EQ(r.temperature, 0.5f);
+  EXPECT_EQ(r.top_p, 0.9f);
   EXPECT_EQ(r.top_k, 40);
   EXPECT_EQ(r.n, 2);
   EXPECT_EQ(r.seed, 42);
@@ -91,7 +91,10 @@ TEST(OpenAiParse, DefaultsAndNulls) {
                               &r)
                   .ok());
   EXPECT_FALSE(r.max_tokens.has_value());
-  EXPECT_FLOAT_EQ(r.temperature, 1.0f);
+  // Absent or null sampling fields stay absent: the server's defaults fill them in.
+  EXPECT_FALSE(r.temperature.has_value());
+  EXPECT_FALSE(r.top_p.has_value());
+  EXPECT_FALSE(r.top_k.has_value());
   EXPECT_TRUE(r.stop.empty());
   EXPECT_FALSE(r.seed.has_value());
   EXPECT_EQ(r.logprobs, -1);

@@ -398,6 +398,84 @@ TEST_F(CompletionServiceTest, MaxTokensDefaults) {
   EXPECT_EQ(p.jobs[0].generate.max_new_tokens, 16);
 }
 
+// A server's GenerationDefaults fill the fields a request leaves out (llama.cpp's --temp,
+// vLLM's generation config); what a request gives always wins, including an explicit "off".
+TEST_F(CompletionServiceTest, ServerDefaultsFillAbsentFields) {
+  ServiceOptions o;
+  o.served_model_name = "tiny";
+  o.defaults.temperature = 0.3f;
+  o.defaults.top_p = 0.8f;
+  o.defaults.top_k = 5;
+  o.defaults.max_tokens = 20;
+  ASSERT_TRUE(o.defaults.Validate().ok());
+  CompletionService service(*queue_, metrics_, o);
+
+  CompletionRequest r = Text("Hello");
+  r.default_max_tokens = 16;  // as /v1/completions sets it: the server's default replaces it
+  PreparedRequest p;
+  ASSERT_TRUE(service.Prepare(r, &p).ok());
+  const SamplingParams& s = p.jobs[0].generate.sampling;
+  EXPECT_FLOAT_EQ(s.temperature, 0.3f);
+  EXPECT_FLOAT_EQ(s.top_p, 0.8f);
+  EXPECT_EQ(s.top_k, 5);
+  EXPECT_EQ(p.jobs[0].generate.max_new_tokens, 20);
+
+  r.temperature = 0.0f;  // greedy, asked for
+  r.top_p = 1.0f;
+  r.top_k = -1;  // off, asked for
+  r.max_tokens = 3;
+  ASSERT_TRUE(service.Prepare(r, &p).ok());
+  EXPECT_FLOAT_EQ(p.jobs[0].generate.sampling.temperature, 0.0f);
+  EXPECT_FLOAT_EQ(p.jobs[0].generate.sampling.top_p, 1.0f);
+  EXPECT_EQ(p.jobs[0].generate.sampling.top_k, 0);
+  EXPECT_EQ(p.jobs[0].generate.max_new_tokens, 3);
+
+  // A default max_tokens beyond what the context holds is cut to it, not refused (the request
+  // did not ask for it).
+  o.defaults.max_tokens = 100000;
+  CompletionService roomy(*queue_, metrics_, o);
+  CompletionRequest plain = Text("Hello");
+  ASSERT_TRUE(roomy.Prepare(plain, &p).ok());
+  const int32_t prompt_len = static_cast<int32_t>(p.jobs[0].generate.prompt_tokens.size());
+  EXPECT_EQ(p.jobs[0].generate.max_new_tokens, 512 - prompt_len);
+
+  // Without configured defaults: OpenAI's (temperature 1, top_p 1, top_k off).
+  ASSERT_TRUE(service_->Prepare(plain, &p).ok());
+  EXPECT_FLOAT_EQ(p.jobs[0].generate.sampling.temperature, 1.0f);
+  EXPECT_FLOAT_EQ(p.jobs[0].generate.sampling.top_p, 1.0f);
+  EXPECT_EQ(p.jobs[0].generate.sampling.top_k, 0);
+}
+
+TEST(GenerationDefaults, ValidateRefusesWhatNoRequestCouldCarry) {
+  EXPECT_TRUE(GenerationDefaults{}.Validate().ok());
+  auto bad = [](auto edit) {
+    GenerationDefaults d;
+    edit(d);
+    return d.Validate();
+  };
+  struct Case {
+    Status status;
+    const char* expect;
+  };
+  const std::vector<Case> cases = {
+      {bad([](GenerationDefaults& d) { d.temperature = 2.5f; }), "temperature"},
+      {bad([](GenerationDefaults& d) { d.temperature = std::nanf(""); }), "temperature"},
+      {bad([](GenerationDefaults& d) { d.top_p = 0; }), "top_p"},
+      {bad([](GenerationDefaults& d) { d.top_k = -2; }), "top_k"},
+      {bad([](GenerationDefaults& d) { d.max_tokens = 0; }), "max_tokens"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(c.status.code(), StatusCode::kInvalidArgument) << c.expect;
+    EXPECT_NE(c.status.message().find(c.expect), std::string::npos) << c.status.message();
+  }
+  GenerationDefaults d;
+  d.temperature = 0.2f;
+  d.top_p = 0.9f;
+  d.max_tokens = 256;
+  EXPECT_TRUE(d.Validate().ok());
+  EXPECT_EQ(d.ToString(), "temperature 0.2, top_p 0.9, top_k off, max_tokens 256");
+}
+
 TEST_F(CompletionServiceTest, ChatUsesTheTemplate) {
   CompletionRequest r;
   r.chat = true;
