@@ -34,6 +34,23 @@ void AddServeOptions(CLI::App* cmd, ServeArgs& a) {
       ->envname("SPECINFER_API_KEY");
   cmd->add_option("--chat-template", a.chat_template,
                   "Chat template override: chatml, llama2, llama3 or gemma (default: the model's own)");
+  // Request defaults (llama.cpp's --temp, --top-p, --top-k, --n-predict; vLLM's generation config).
+  // The last one given wins, so scripts/serve.sh's defaults for its model can be overridden.
+  cmd->add_option("--temperature", a.defaults.temperature,
+                  "Temperature of requests that give none (0: greedy; OpenAI's default 1)")
+      ->check(CLI::Range(0.0f, 2.0f))
+      ->take_last();
+  cmd->add_option("--top-p", a.defaults.top_p, "top_p of requests that give none (default 1: off)")
+      ->check(CLI::Range(0.0f, 1.0f))
+      ->take_last();
+  cmd->add_option("--top-k", a.defaults.top_k, "top_k of requests that give none (0 or -1: off)")
+      ->check(CLI::Range(-1, 1 << 30))
+      ->take_last();
+  cmd->add_option("--max-tokens", a.defaults.max_tokens,
+                  "New tokens for requests that give no max_tokens, at most what the context "
+                  "holds (default: 16 for /v1/completions, to the context for chat and gRPC)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->take_last();
   cmd->add_option("--max-batch", a.max_batch,
                   "Sequences generated at once (continuous batching); the KV cache holds this "
                   "many full contexts")
@@ -97,6 +114,7 @@ int RunServe(const ServeArgs& a) {
   }
   o.served_model_name = a.served_model_name;
   o.chat_template = a.chat_template;
+  o.defaults = a.defaults;
   o.queue.max_queue = a.max_queue;
   o.queue.batch.max_sequences = a.max_batch;
   o.queue.batch.max_batch_tokens = a.max_batch_tokens;

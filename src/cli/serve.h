@@ -6,6 +6,8 @@
 //                   [--served-model-name NAME] [--api-key KEY | $SPECINFER_API_KEY]
 //                   [--max-queue 64] [--max-body-bytes 4194304] [--http-threads N]
 //                   [--chat-template chatml|llama2|llama3|gemma]
+//                   [--temperature T] [--top-p P] [--top-k K] [--max-tokens N]
+//                   (defaults for requests that leave the field out)
 //
 // Once both ports listen it prints one line on standard output:
 //   listening http=HOST:PORT grpc=HOST:PORT model=NAME
@@ -16,6 +18,7 @@
 #include <string>
 
 #include "engine/engine.h"
+#include "server/generation_defaults.h"
 #include "spec/spec_grammar.h"
 
 namespace CLI {
@@ -32,6 +35,7 @@ struct ServeArgs {
   std::string served_model_name;  // "": the model file's stem
   std::string api_key;
   std::string chat_template;
+  GenerationDefaults defaults;  // what requests that leave a sampling field or max_tokens out get
   int max_batch = 4;
   int max_batch_tokens = 512;
   int max_queue = 64;

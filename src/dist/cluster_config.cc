@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -63,6 +64,15 @@ class Reader {
     int64_t v = *out;
     SI_RETURN_IF_ERROR(Int(key, lo, hi, &v));
     *out = static_cast<int32_t>(v);
+    return Status::Ok();
+  }
+  Status Float(const char* key, float* out) const {
+    if (!Has(key)) return Status::Ok();
+    const YAML::Node n = node_[key];
+    double v = 0;
+    if (!n.IsScalar() || !YAML::convert<double>::decode(n, v) || !std::isfinite(v))
+      return Error(key, "'" + Scalar(n) + "' is not a number");
+    *out = static_cast<float>(v);
     return Status::Ok();
   }
   Status Str(const char* key, std::string* out, bool required = false) const {
@@ -197,8 +207,7 @@ StatusOr<ClusterConfig> Parse(const YAML::Node& root, const std::string& source)
     Reader r(top.Get("manager"), "manager", source);
     SI_RETURN_IF_ERROR(r.Keys({"host", "bind", "http_port", "grpc_port", "threads", "tree",
                                "spec_budget", "served_model_name", "chat_template", "rpc_timeout_ms",
-                               "probe_interval_ms",
-                               "drain_timeout_s"}));
+                               "probe_interval_ms", "drain_timeout_s", "request_defaults"}));
     SI_RETURN_IF_ERROR(r.Str("host", &c.manager.endpoint.host));
     auto it = c.hosts.find(c.manager.endpoint.host);
     if (it == c.hosts.end())
@@ -229,6 +238,16 @@ StatusOr<ClusterConfig> Parse(const YAML::Node& root, const std::string& source)
     SI_RETURN_IF_ERROR(r.Int32("rpc_timeout_ms", 10, 600000, &c.manager.rpc_timeout_ms));
     SI_RETURN_IF_ERROR(r.Int32("probe_interval_ms", 10, 600000, &c.manager.probe_interval_ms));
     SI_RETURN_IF_ERROR(r.Int32("drain_timeout_s", 0, 3600, &c.manager.drain_timeout_s));
+    if (r.Has("request_defaults")) {
+      Reader d(r.Get("request_defaults"), "manager.request_defaults", source);
+      GenerationDefaults& g = c.manager.request_defaults;
+      SI_RETURN_IF_ERROR(d.Keys({"temperature", "top_p", "top_k", "max_tokens"}));
+      SI_RETURN_IF_ERROR(d.Float("temperature", &g.temperature));
+      SI_RETURN_IF_ERROR(d.Float("top_p", &g.top_p));
+      SI_RETURN_IF_ERROR(d.Int32("top_k", -1, 1 << 30, &g.top_k));
+      SI_RETURN_IF_ERROR(d.Int("max_tokens", 1, int64_t{1} << 40, &g.max_tokens));
+      if (Status s = g.Validate(); !s.ok()) return d.Error("", s.message());
+    }
   }
 
   // llm

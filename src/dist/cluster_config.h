@@ -5,8 +5,9 @@
 //   limits:  {max_batch, max_batch_tokens, max_queue, context, max_body_bytes, prefix_cache}
 //   manager: {host, bind, http_port, grpc_port, threads, tree,
 //             spec_budget: auto | static | dynamic, served_model_name, chat_template,
-//             rpc_timeout_ms, probe_interval_ms,
-//             drain_timeout_s}
+//             rpc_timeout_ms, probe_interval_ms, drain_timeout_s,
+//             request_defaults: {temperature, top_p, top_k, max_tokens}}  what requests that
+//             leave those fields out get (server/generation_defaults.h; `serve --temperature`...)
 //   ssm:     - {spec, model, backend: cpu | cuda, max_sessions, idle_timeout_s,
 //               replicas: [{host, port, threads, gpu}, ...]}  one entry per logical speculator;
 //             backend: where each replica runs a model: or layers: draft (ngram runs no model:
@@ -36,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "server/generation_defaults.h"
 #include "spec/spec_grammar.h"
 #include "specinfer/status.h"
 
@@ -75,6 +77,7 @@ struct ClusterManager {
   int32_t rpc_timeout_ms = 5000;
   int32_t probe_interval_ms = 1000;
   int32_t drain_timeout_s = 10;
+  GenerationDefaults request_defaults;
 };
 
 struct ClusterSsmGroup {

@@ -439,6 +439,7 @@ StatusOr<InferenceServerOptions> ManagerOptions(const ClusterConfig& c,
   }
   o.served_model_name = c.manager.served_model_name;
   o.chat_template = c.manager.chat_template;
+  o.defaults = c.manager.request_defaults;
   o.queue.max_queue = c.limits.max_queue;
   o.queue.batch.max_sequences = c.limits.max_batch;
   o.queue.batch.max_batch_tokens = c.limits.max_batch_tokens;

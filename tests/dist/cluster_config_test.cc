@@ -18,7 +18,8 @@ models:
   tiny: {path: /m/tiny.bin, tokenizer: /m/tok.bin}
 limits: {max_batch: 16, max_batch_tokens: 1024, max_queue: 10, context: 2048}
 manager: {host: a, http_port: 8080, grpc_port: 0, threads: 2, tree: [1, 2, 1],
-          rpc_timeout_ms: 250, spec_budget: static}
+          rpc_timeout_ms: 250, spec_budget: static,
+          request_defaults: {temperature: 0.2, top_p: 0.9, top_k: 40, max_tokens: 256}}
 ssm:
   - spec: layers:4
     model: llm
@@ -52,6 +53,10 @@ TEST(ClusterConfig, ParsesEveryField) {
   EXPECT_EQ(c->manager.tree, "1,2,1");
   EXPECT_EQ(c->manager.rpc_timeout_ms, 250);
   EXPECT_EQ(c->manager.spec_budget, "static");
+  EXPECT_FLOAT_EQ(c->manager.request_defaults.temperature, 0.2f);
+  EXPECT_FLOAT_EQ(c->manager.request_defaults.top_p, 0.9f);
+  EXPECT_EQ(c->manager.request_defaults.top_k, 40);
+  EXPECT_EQ(c->manager.request_defaults.max_tokens, 256);
   ASSERT_EQ(c->ssm.size(), 2u);
   EXPECT_EQ(c->ssm[0].spec, "layers:4");
   EXPECT_EQ(c->ssm[0].max_sessions, 16) << "defaults to limits.max_batch";
@@ -69,6 +74,7 @@ TEST(ClusterConfig, ParsesEveryField) {
   auto defaults = ParseClusterConfig("models: {llm: /m/llm.gguf}\nllm: {model: llm}\n", "x.yaml");
   ASSERT_TRUE(defaults.ok()) << defaults.status().ToString();
   EXPECT_TRUE(defaults->llm.cuda_graphs) << "on by default";
+  EXPECT_TRUE(defaults->manager.request_defaults == GenerationDefaults{}) << "OpenAI's";
   EXPECT_TRUE(c->restart_workers);
   EXPECT_TRUE(c->all_ports_fixed());
   EXPECT_TRUE(CheckClusterRunnable(*c).ok());
@@ -82,6 +88,8 @@ TEST(ClusterConfig, ShippedExamples) {
   auto single = LoadClusterConfig(testing::SourcePath("configs/single-cpu.yaml"));
   EXPECT_EQ(single->llm.placement, ClusterLlm::Placement::kInProcess);
   EXPECT_TRUE(single->ssm.empty());
+  EXPECT_FLOAT_EQ(single->manager.request_defaults.temperature, 0.2f);
+  EXPECT_FLOAT_EQ(single->manager.request_defaults.top_p, 0.9f);
   EXPECT_TRUE(CheckClusterRunnable(*single).ok());
 
   auto multi = LoadClusterConfig(testing::SourcePath("configs/multi-process-cpu.yaml"));
@@ -159,6 +167,16 @@ TEST(ClusterConfig, BadConfigsAreRefusedNamingTheKey) {
       {Minimal("manager: {spec_budget: 4}"),
        "manager.spec_budget: '4' is not auto, static or dynamic"},
       {Minimal("manager: {host: nowhere}"), "unknown host 'nowhere'"},
+      {Minimal("manager: {request_defaults: {temperature: 3}}"),
+       "manager.request_defaults: default temperature must be between 0 and 2, got 3"},
+      {Minimal("manager: {request_defaults: {top_p: high}}"),
+       "manager.request_defaults.top_p: 'high' is not a number"},
+      {Minimal("manager: {request_defaults: {top_p: 0}}"), "default top_p must be in (0, 1]"},
+      {Minimal("manager: {request_defaults: {max_tokens: 0}}"),
+       "manager.request_defaults.max_tokens: 0 is outside"},
+      {Minimal("manager: {request_defaults: {temp: 0.5}}"),
+       "manager.request_defaults.temp: unknown key"},
+      {Minimal("manager: {request_defaults: 0.5}"), "manager.request_defaults: expected a mapping"},
       {Minimal("limits: {max_batch: 0}"), "limits.max_batch: 0 is outside"},
       {Minimal("", "llm: {cuda_graphs: sometimes}"), "llm.cuda_graphs"},
       {Minimal("", "llm: {placement: workers, tp: 0, workers: []}"), "llm.tp: 0 is outside"},
