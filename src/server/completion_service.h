@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "server/api_error.h"
+#include "server/generation_defaults.h"
 #include "server/metrics.h"
 #include "server/request.h"
 #include "server/request_queue.h"

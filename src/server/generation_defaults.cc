@@ -2,14 +2,12 @@
 
 #include <fmt/format.h>
 
+#include "server/request.h"
+
 namespace specinfer {
 
-namespace {
-constexpr float kMaxTemperature = 2.0f;  // OpenAI's range, as RequestLimits
-}  // namespace
-
 Status GenerationDefaults::Validate() const {
-  if (!(temperature >= 0.0f && temperature <= kMaxTemperature))
+  if (!(temperature >= 0.0f && temperature <= RequestLimits::kMaxTemperature))
     return InvalidArgumentError(
         fmt::format("default temperature must be between 0 and 2, got {:g}", temperature));
   if (!(top_p > 0.0f && top_p <= 1.0f))

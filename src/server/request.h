@@ -15,7 +15,6 @@
 
 #include "engine/chat_template.h"
 #include "engine/generator.h"
-#include "server/generation_defaults.h"
 #include "server/logprobs.h"
 #include "server/speculation.h"
 #include "specinfer/status.h"
