@@ -86,7 +86,6 @@ def check_cluster():
 def main():
     proc, port = start(BASE + ["--temperature", "0", "--max-tokens", "12"])
     try:
-
         prompt = "Once upon a time"
         plain = {"prompt": prompt, "ignore_eos": True}
         a = post(port, "/v1/completions", plain)
