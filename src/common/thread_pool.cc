@@ -14,10 +14,17 @@ namespace specinfer {
 namespace {
 thread_local bool tls_in_pool_job = false;
 constexpr int kSpinIterations = 20000;
+
+// ThreadPool::loop_'s fields.
+constexpr int kSeqShift = 17;
+constexpr uint64_t kClosed = uint64_t{1} << 16;
+constexpr uint64_t kInsideMask = kClosed - 1;
+constexpr int kMaxWorkers = static_cast<int>(kInsideMask);
+uint64_t Seq(uint64_t loop) { return loop >> kSeqShift; }
 }  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
-  int workers = std::max(0, num_threads - 1);
+  const int workers = std::clamp(num_threads - 1, 0, kMaxWorkers);
   workers_.reserve(workers);
   for (int i = 0; i < workers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }
@@ -26,7 +33,7 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
-    generation_.fetch_add(1, std::memory_order_release);
+    loop_.store(((Seq(loop_.load()) + 1) << kSeqShift) | kClosed, std::memory_order_release);
   }
   cv_.notify_all();
   for (auto& t : workers_) t.join();
@@ -49,57 +56,67 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_
     for (int64_t b = 0; b < n; b += grain) fn(b, std::min(n, b + grain));
     return;
   }
+  // No worker is inside a loop here (the last one waited for them), so the job is ours to set.
   fn_ = &fn;
   n_ = n;
   grain_ = grain;
   next_.store(0, std::memory_order_relaxed);
-  pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    generation_.fetch_add(1, std::memory_order_release);
+    loop_.store((Seq(loop_.load(std::memory_order_relaxed)) + 1) << kSeqShift,
+                std::memory_order_release);
   }
   cv_.notify_all();
   tls_in_pool_job = true;
   RunChunks();
   tls_in_pool_job = false;
-  // Wait for every worker to check in. Yield after a short spin: on a loaded machine the worker
-  // may be waiting for this very core.
-  for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+  // Every chunk is claimed: close the loop, then wait for the workers inside to finish theirs.
+  // Yield after a short spin: on a loaded machine such a worker may be waiting for this core.
+  uint64_t loop = loop_.fetch_or(kClosed, std::memory_order_acq_rel);
+  for (int spins = 0; (loop & kInsideMask) != 0; ++spins) {
     if (spins < 1000) {
       SI_CPU_RELAX();
     } else {
       std::this_thread::yield();
     }
+    loop = loop_.load(std::memory_order_acquire);
   }
   fn_ = nullptr;
 }
 
 void ThreadPool::WorkerLoop() {
   tls_in_pool_job = true;
-  // Generation 0 is "no job yet". Reading generation_ here instead would lose a job posted
-  // before this thread got to run.
+  // Sequence 0 is "no loop yet". Reading loop_ here instead would lose a loop opened before this
+  // thread got to run.
   uint64_t seen = 0;
   for (;;) {
     // Spin a little: in a decode loop the next job usually arrives within microseconds.
-    uint64_t gen = seen;
-    for (int i = 0; i < kSpinIterations; ++i) {
-      gen = generation_.load(std::memory_order_acquire);
-      if (gen != seen) break;
+    uint64_t loop = loop_.load(std::memory_order_acquire);
+    for (int i = 0; i < kSpinIterations && Seq(loop) == seen; ++i) {
       if (i % 1024 == 1023) {
         std::this_thread::yield();
       } else {
         SI_CPU_RELAX();
       }
+      loop = loop_.load(std::memory_order_acquire);
     }
-    if (gen == seen) {
+    if (Seq(loop) == seen) {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
-      gen = generation_.load(std::memory_order_acquire);
+      cv_.wait(lock, [&] { return Seq(loop_.load(std::memory_order_acquire)) != seen; });
+      loop = loop_.load(std::memory_order_acquire);
     }
     if (stop_.load(std::memory_order_acquire)) return;
-    seen = gen;
-    RunChunks();
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    // Join the newest loop while it is open; one closed already was done without this worker.
+    seen = Seq(loop);
+    while ((loop & kClosed) == 0) {
+      if (loop_.compare_exchange_weak(loop, loop + 1, std::memory_order_acq_rel,
+                                      std::memory_order_acquire)) {
+        RunChunks();
+        loop_.fetch_sub(1, std::memory_order_release);
+        break;
+      }
+      seen = Seq(loop);  // the CAS reloaded `loop`: maybe a newer loop
+    }
   }
 }
 

@@ -4,6 +4,13 @@
 // shared counter; it returns when every chunk is done. Decode steps issue thousands of small
 // loops per second, so workers spin briefly before sleeping on a condition variable.
 //
+// The caller never waits for a worker that has not joined the loop: a worker joins only while
+// the loop is open, and the caller closes it once every chunk is claimed, then waits for the
+// workers inside to finish theirs. On a busy machine (more runnable threads than cores) a
+// worker that is not running costs nothing: the caller runs its chunks. (Waiting for every
+// worker to check in, as a barrier, made each loop wait out scheduler time slices there: two
+// 2-thread processes on 2 cores ran 4x slower than one after the other.)
+//
 // Thread safety: ParallelFor may be called from one thread at a time per pool (the engine's
 // step loop). Nested calls from inside a loop body run inline on the calling worker.
 #pragma once
@@ -40,14 +47,16 @@ class ThreadPool {
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> generation_{0};
+  // The loop in flight: bits 17.. its sequence number (0 before the first), bit 16 set once
+  // it is closed to workers, bits 0-15 the workers inside it. A worker joins by incrementing
+  // the count while the sequence is the one it saw and the loop is open.
+  std::atomic<uint64_t> loop_{0};
 
-  // The job in flight (valid while pending_ > 0).
+  // The loop's job (written by the caller before it opens the loop; read by those inside).
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
   int64_t grain_ = 1;
   std::atomic<int64_t> next_{0};
-  std::atomic<int> pending_{0};  // workers still inside the current job
 };
 
 }  // namespace specinfer
