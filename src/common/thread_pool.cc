@@ -102,7 +102,11 @@ void ThreadPool::WorkerLoop() {
     }
     if (Seq(loop) == seen) {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return Seq(loop_.load(std::memory_order_acquire)) != seen; });
+      // stop_ too: the destructor's closed loop may be the one a failed join last saw.
+      cv_.wait(lock, [&] {
+        return stop_.load(std::memory_order_acquire) ||
+               Seq(loop_.load(std::memory_order_acquire)) != seen;
+      });
       loop = loop_.load(std::memory_order_acquire);
     }
     if (stop_.load(std::memory_order_acquire)) return;
