@@ -10,7 +10,8 @@ has a hit rate in (0, 1] (later turns resend the history), the run with it off a
 evictions and cached blocks are known (not -1), and the greedy answers are the same.
 
 Usage: bench_cluster_prefix_cache_test.py PATH_TO_SPECINFER PATH_TO_BENCH_SERVING
-       (SPECINFER_SOURCE_DIR set by CTest). Only the Python standard library is used.
+       (SPECINFER_SOURCE_DIR set by CTest). Only the Python standard library is used (and
+       tests/daemon_test_util.py).
 """
 import json
 import os
@@ -18,11 +19,10 @@ import subprocess
 import sys
 import tempfile
 
-BIN = os.path.abspath(sys.argv[1])
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from daemon_test_util import BIN, MODEL, TOKENIZER, check, failures  # noqa: E402
+
 BENCH = os.path.abspath(sys.argv[2])
-SRC = os.environ.get("SPECINFER_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
-MODEL = os.path.join(SRC, "tests/data/stories260K/stories260K.bin")
-TOKENIZER = os.path.join(SRC, "tests/data/stories260K/tok512.bin")
 
 
 def main(tmp):
@@ -50,13 +50,6 @@ llm:
         print("FAIL: bench_serving exited", p.returncode)
         return 1
     out = json.loads(p.stdout)
-    failures = []
-
-    def check(cond, what):
-        print(("ok: " if cond else "FAIL: ") + what)
-        if not cond:
-            failures.append(what)
-
     runs = {r["prefix_cache"]: r for r in out["runs"]}
     check(set(runs) == {True, False}, "one run with the prefix cache on, one off")
     if set(runs) == {True, False}:

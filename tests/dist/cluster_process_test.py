@@ -20,7 +20,7 @@ served alone. Checks:
      another host), requests succeed again with the same output.
 
 Usage: cluster_process_test.py PATH_TO_SPECINFER   (SPECINFER_SOURCE_DIR set by CTest)
-Only the Python standard library is used.
+Only the Python standard library is used (and tests/daemon_test_util.py).
 """
 import json
 import os
@@ -33,10 +33,9 @@ import time
 import urllib.error
 import urllib.request
 
-BIN = os.path.abspath(sys.argv[1])
-SRC = os.environ.get("SPECINFER_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
-MODEL = os.path.join(SRC, "tests/data/stories260K/stories260K.bin")
-TOKENIZER = os.path.join(SRC, "tests/data/stories260K/tok512.bin")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from daemon_test_util import (BIN, MODEL, TOKENIZER, check, failures,  # noqa: E402
+                              listening_port, read_until_listening)
 
 PROMPTS = [
     "Once upon a time",
@@ -49,16 +48,7 @@ PROMPTS = [
     "There was a big tree near the house. Every morning the birds",
 ]
 
-failures = []
 procs = []
-
-
-def check(cond, what):
-    if cond:
-        print("ok:", what)
-    else:
-        print("FAIL:", what)
-        failures.append(what)
 
 
 def start(args, log_name):
@@ -68,27 +58,6 @@ def start(args, log_name):
                          stderr=log, text=True)
     procs.append(p)
     return p
-
-
-def read_until_listening(p, timeout=120):
-    """Reads p's stdout lines until the manager's 'listening http=' line."""
-    lines = []
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        line = p.stdout.readline()
-        if not line:
-            raise RuntimeError("process exited before listening: %r" % lines)
-        lines.append(line.strip())
-        if line.startswith("listening http="):
-            return lines
-    raise RuntimeError("not listening in time")
-
-
-def http_port(lines):
-    for l in lines:
-        if l.startswith("listening http="):
-            return int(l.split()[1].split(":")[-1])
-    raise RuntimeError("no port")
 
 
 def workers(lines):
@@ -168,7 +137,7 @@ def main():
     # --- reference: the single-process engine, each request alone ---
     ref_proc = start(["serve", "--model", MODEL, "--tokenizer", TOKENIZER, "--port", "0",
                       "--grpc-port", "0", "--threads", "1"], "reference.log")
-    ref_port = http_port(read_until_listening(ref_proc))
+    ref_port = listening_port(read_until_listening(ref_proc)[-1])
     reference = {}
     for i in range(32):
         b = body(i, False)
@@ -201,7 +170,7 @@ restart_workers: false
 """ % (MODEL, TOKENIZER))
     mgr = start(["cluster", "--config", config], "cluster.log")
     lines = read_until_listening(mgr)
-    port = http_port(lines)
+    port = listening_port(lines[-1])
     w = workers(lines)
     check(sorted(w) == ["llm[0]", "llm[1]", "llm[2]", "llm[3]", "ssm[0]", "ssm[1]"],
           "cluster started 2 SSM and 4 LLM workers: %s" % sorted(w))
@@ -305,7 +274,7 @@ def reference_for(b, cache):
 def reference_lookup_factory():
     proc = start(["serve", "--model", MODEL, "--tokenizer", TOKENIZER, "--port", "0",
                   "--grpc-port", "0", "--threads", "1"], "reference2.log")
-    port = http_port(read_until_listening(proc))
+    port = listening_port(read_until_listening(proc)[-1])
 
     def lookup(b):
         plain = {k: v for k, v in b.items() if k != "speculation"}

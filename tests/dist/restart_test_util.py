@@ -1,6 +1,7 @@
 """What the `restart_workers` tests (cluster_restart_*_test.py) share: a cluster of one SSM
-worker and the LLM on one worker (stories260K) started by `specinfer cluster` on loopback, and
-the checks' bookkeeping. Only the Python standard library is used."""
+worker and the LLM on one worker (stories260K) started by `specinfer cluster` on loopback; the
+checks' bookkeeping comes from tests/daemon_test_util.py. Only the Python standard library is
+used."""
 import json
 import os
 import re
@@ -11,18 +12,9 @@ import time
 import urllib.error
 import urllib.request
 
-BIN = os.path.abspath(sys.argv[1])
-SRC = os.environ.get("SPECINFER_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
-MODEL = os.path.join(SRC, "tests/data/stories260K/stories260K.bin")
-TOKENIZER = os.path.join(SRC, "tests/data/stories260K/tok512.bin")
-
-failures = []
-
-
-def check(cond, what):
-    print("%s: %s" % ("ok" if cond else "FAIL", what), flush=True)
-    if not cond:
-        failures.append(what)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from daemon_test_util import (BIN, MODEL, TOKENIZER, check, failures,  # noqa: E402,F401
+                              listening_port)
 
 
 def wait_for(pred, timeout, period=0.1):
@@ -92,8 +84,7 @@ restart_workers: true
                 name = line.split()[1]
                 self.pids[name] = int(re.search(r"pid=(\d+)", line).group(1))
                 self.ports[name] = int(re.search(r"address=\S*:(\d+)", line).group(1))
-            if line.startswith("listening http="):
-                self.port = int(line.split()[1].split(":")[-1])
+            self.port = listening_port(line)
         threading.Thread(target=self.proc.stdout.read, daemon=True).start()
         check(sorted(self.pids) == ["llm[0]", "ssm[0]"], "cluster started: %s" % sorted(self.pids))
 

@@ -9,7 +9,7 @@ request could carry are refused at start with a message naming them. A cluster c
 manager.request_defaults does the same for `specinfer cluster`.
 
 Usage: request_defaults_test.py PATH_TO_SPECINFER   (SPECINFER_SOURCE_DIR set by CTest)
-Only the Python standard library is used.
+Only the Python standard library is used (and tests/daemon_test_util.py).
 """
 import json
 import os
@@ -18,20 +18,11 @@ import sys
 import tempfile
 import urllib.request
 
-BIN = os.path.abspath(sys.argv[1])
-SRC = os.environ.get("SPECINFER_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
-MODEL = os.path.join(SRC, "tests/data/stories260K/stories260K.bin")
-TOKENIZER = os.path.join(SRC, "tests/data/stories260K/tok512.bin")
-BASE = [BIN, "serve", "--model", MODEL, "--tokenizer", TOKENIZER, "--port", "0", "--grpc-port",
-        "0", "--threads", "2", "--chat-template", "chatml"]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from daemon_test_util import BIN, MODEL, TOKENIZER, check, failures, start_daemon  # noqa: E402
 
-failures = []
-
-
-def check(cond, what):
-    print("%s: %s" % ("ok" if cond else "FAIL", what), flush=True)
-    if not cond:
-        failures.append(what)
+SERVE = ["serve", "--model", MODEL, "--tokenizer", TOKENIZER, "--port", "0", "--grpc-port", "0",
+         "--threads", "2", "--chat-template", "chatml"]
 
 
 def post(port, path, body):
@@ -47,15 +38,6 @@ def text(reply):
     return c["text"] if "text" in c else c["message"]["content"]
 
 
-def start(cmd):
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    if not line.startswith("listening http="):
-        proc.kill()
-        raise RuntimeError("%s did not start: %r %s" % (cmd[1], line, proc.communicate()[1]))
-    return proc, int(line.split()[1].split(":")[-1])
-
-
 def stop(proc):
     proc.terminate()
     return proc.communicate(timeout=60)[1]
@@ -69,7 +51,7 @@ def check_cluster():
                   "          request_defaults: {temperature: 0, max_tokens: 7}}\n"
                   "llm: {placement: in-process, threads: 2}\n" % (MODEL, TOKENIZER))
         cfg.flush()
-        proc, port = start([BIN, "cluster", "--config", cfg.name])
+        proc, port = start_daemon(["cluster", "--config", cfg.name])
         try:
             prompt = {"prompt": "Once upon a time", "ignore_eos": True}
             a = post(port, "/v1/completions", prompt)
@@ -84,7 +66,7 @@ def check_cluster():
 
 
 def main():
-    proc, port = start(BASE + ["--temperature", "0", "--max-tokens", "12"])
+    proc, port = start_daemon(SERVE + ["--temperature", "0", "--max-tokens", "12"])
     try:
         prompt = "Once upon a time"
         plain = {"prompt": prompt, "ignore_eos": True}
@@ -119,7 +101,7 @@ def main():
     for flags, expect in [(["--top-p", "0"], "default top_p must be in (0, 1]"),
                           (["--temperature", "3"], "--temperature"),
                           (["--max-tokens", "0"], "--max-tokens")]:
-        r = subprocess.run(BASE + flags, capture_output=True, text=True, timeout=60)
+        r = subprocess.run([BIN] + SERVE + flags, capture_output=True, text=True, timeout=60)
         check(r.returncode != 0 and expect in r.stderr,
               "serve %s is refused at start naming it (exit %d: %s)"
               % (" ".join(flags), r.returncode, r.stderr.strip().splitlines()[-1:]))

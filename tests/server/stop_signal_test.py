@@ -9,7 +9,7 @@ kernel may pick at random, and then a plain SIGINT; every time the daemon must l
 answer requests up to the signal and exit with status 0.
 
 Usage: stop_signal_test.py PATH_TO_SPECINFER   (SPECINFER_SOURCE_DIR set by CTest)
-Only the Python standard library is used.
+Only the Python standard library is used (and tests/daemon_test_util.py).
 """
 import ctypes
 import json
@@ -18,32 +18,17 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 
-BIN = os.path.abspath(sys.argv[1])
-SRC = os.environ.get("SPECINFER_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
-MODEL = os.path.join(SRC, "tests/data/stories260K/stories260K.bin")
-TOKENIZER = os.path.join(SRC, "tests/data/stories260K/tok512.bin")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from daemon_test_util import MODEL, TOKENIZER, check, failures, start_daemon  # noqa: E402
+
 SYS_TGKILL = {"x86_64": 234, "aarch64": 131}.get(os.uname().machine)
-
-failures = []
-
-
-def check(cond, what):
-    print("%s: %s" % ("ok" if cond else "FAIL", what), flush=True)
-    if not cond:
-        failures.append(what)
 
 
 def start(log):
-    proc = subprocess.Popen([BIN, "--log-level", "info", "serve", "--model", MODEL, "--tokenizer",
-                             TOKENIZER, "--port", "0", "--threads", "2"],
-                            stdout=subprocess.PIPE, stderr=log, text=True)
-    line = proc.stdout.readline()
-    if not line.startswith("listening http="):
-        raise RuntimeError("serve did not start: %r" % line)
-    return proc, int(line.split()[1].split(":")[-1])
+    return start_daemon(["--log-level", "info", "serve", "--model", MODEL, "--tokenizer",
+                         TOKENIZER, "--port", "0", "--threads", "2"], stderr=log)
 
 
 def completion_ok(port):
