@@ -14,7 +14,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from daemon_test_util import (BIN, MODEL, TOKENIZER, check, failures,  # noqa: E402,F401
-                              listening_port)
+                              listening_port, read_until_listening)
 
 
 def wait_for(pred, timeout, period=0.1):
@@ -75,16 +75,13 @@ restart_workers: true
         self.proc = subprocess.Popen([BIN, "--log-level", "info", "cluster", "--config",
                                       self.config, "--any-ports"],
                                      stdout=subprocess.PIPE, stderr=log, text=True)
-        deadline = time.time() + 120
-        while self.port is None and time.time() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError("the cluster exited before listening")
+        lines = read_until_listening(self.proc)
+        for line in lines:
             if line.startswith("worker "):  # worker LABEL pid=PID address=HOST:PORT
                 name = line.split()[1]
                 self.pids[name] = int(re.search(r"pid=(\d+)", line).group(1))
                 self.ports[name] = int(re.search(r"address=\S*:(\d+)", line).group(1))
-            self.port = listening_port(line)
+        self.port = listening_port(lines[-1])
         threading.Thread(target=self.proc.stdout.read, daemon=True).start()
         check(sorted(self.pids) == ["llm[0]", "ssm[0]"], "cluster started: %s" % sorted(self.pids))
 
