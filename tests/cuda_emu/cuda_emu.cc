@@ -323,14 +323,31 @@ uint64_t WarpExchange(unsigned mask, uint64_t value, int src_lane) {
 }
 unsigned WarpBallot(unsigned mask, bool predicate) { return Current().Ballot(mask, predicate); }
 
+// s + a[0] b[0] + ... + a[15] b[15], fused multiply-adds in index order: the emulator's tensor-core
+// accumulation. A clone for CPUs with FMA instructions (the same bits as libm's fmaf, without its
+// call per element).
+[[gnu::target_clones("fma", "default")]] float FmaChain16(const float* a, const float* b,
+                                                         float s) {
+  for (int k = 0; k < 16; ++k) s = std::fma(a[k], b[k], s);
+  return s;
+}
+
+// The warp's whole product is computed once, by the first lane to run after all 32 have given
+// their fragments (the others are still suspended in the exchange, so every lane's a, b and d are
+// alive): it writes each lane's accumulators and marks them done, and the other lanes, when they
+// resume, find their d already updated. One exchange per product, and each fragment element
+// converted once instead of once per lane.
 void WarpMma16816(bool bf16, float* d, const uint32_t* a, const uint32_t* b) {
   struct Fragments {
     const uint32_t* a;
     const uint32_t* b;
+    float* d;
+    bool done;
   };
-  const Fragments mine{a, b};
-  Block& block = Current();
-  const uint64_t* all = block.Gather(reinterpret_cast<uint64_t>(&mine), "a warp matrix product");
+  Fragments mine{a, b, d, false};
+  const uint64_t* all =
+      Current().Gather(reinterpret_cast<uint64_t>(&mine), "a warp matrix product");
+  if (mine.done) return;
   // Element e (0: low 16 bits) of a register holding two fp16 or bf16 values.
   auto element = [bf16](uint32_t reg, int e) {
     const uint16_t bits = static_cast<uint16_t>(e == 0 ? reg & 0xffffu : reg >> 16);
@@ -338,28 +355,29 @@ void WarpMma16816(bool bf16, float* d, const uint32_t* a, const uint32_t* b) {
                 : __half2float(__ushort_as_half(bits));
   };
   // The PTX ISA's fragment layout of mma.m16n8k16 (.f16 and .bf16 inputs), lane L = 4 g + q.
-  float am[16][16], bm[16][8];
+  float am[16][16], bt[8][16];  // a, and b transposed (column g of b is row g of bt)
+  Fragments* lanes[32];
   for (int l = 0; l < 32; ++l) {
-    const Fragments* f = reinterpret_cast<const Fragments*>(all[l]);
+    Fragments* f = lanes[l] = reinterpret_cast<Fragments*>(all[l]);
     const int g = l / 4, q = l % 4;
     for (int e = 0; e < 2; ++e) {
       am[g][2 * q + e] = element(f->a[0], e);
       am[g + 8][2 * q + e] = element(f->a[1], e);
       am[g][2 * q + 8 + e] = element(f->a[2], e);
       am[g + 8][2 * q + 8 + e] = element(f->a[3], e);
-      bm[2 * q + e][g] = element(f->b[0], e);
-      bm[2 * q + 8 + e][g] = element(f->b[1], e);
+      bt[g][2 * q + e] = element(f->b[0], e);
+      bt[g][2 * q + 8 + e] = element(f->b[1], e);
     }
   }
-  const int lane = LaneId(), g = lane / 4, q = lane % 4;
-  for (int i = 0; i < 4; ++i) {
-    const int row = g + (i >= 2 ? 8 : 0), col = 2 * q + (i & 1);
-    float s = d[i];
-    for (int k = 0; k < 16; ++k) s = std::fma(am[row][k], bm[k][col], s);
-    d[i] = s;
+  for (int l = 0; l < 32; ++l) {
+    Fragments* f = lanes[l];
+    const int g = l / 4, q = l % 4;
+    for (int i = 0; i < 4; ++i) {
+      const int row = g + (i >= 2 ? 8 : 0), col = 2 * q + (i & 1);
+      f->d[i] = FmaChain16(am[row], bt[col], f->d[i]);
+    }
+    f->done = true;
   }
-  // No lane may return (and free the fragments the others read) before every lane has read.
-  block.Gather(0, "a warp matrix product");
 }
 
 namespace {
