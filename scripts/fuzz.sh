@@ -5,20 +5,20 @@
 #   scripts/fuzz.sh --time 600 gguf    # one target, 10 minutes
 #   scripts/fuzz.sh --list             # the target names
 #
-# Builds the libFuzzer targets with clang into build-fuzz/ (SPECINFER_FUZZ=ON: ASan + UBSan +
-# fuzzer instrumentation, assertions on, no CUDA, no test suite; only the fuzz targets and the
-# libraries they link), then runs each target for SECONDS on a scratch copy of its seed corpus
-# (build-fuzz/fuzz-corpus/NAME; tests/fuzz/corpus is never written) and prints one row per
-# target: executions, corpus size, crashes. A crash, sanitizer report, leak, hang (10 s per
-# input) or allocation over 2 GiB stops that target and leaves the reproducer in
-# build-fuzz/crashes/NAME/ (run `build-fuzz/tests/fuzz/NAME_fuzz FILE` to replay it); the script
+# The libFuzzer targets live in the sanitizer tree, build-asan/ (clang, ASan + UBSan + fuzzer
+# instrumentation, assertions on, no CUDA; scripts/sanitizer/env.sh), the one
+# `scripts/test.sh --sanitize address,undefined` builds and tests: this script configures it if
+# missing and builds only the targets it runs. It then runs each target for SECONDS on a scratch
+# copy of its seed corpus (build-asan/fuzz-corpus/NAME; tests/fuzz/corpus is never written) and
+# prints one row per target: executions, corpus size, crashes. A crash, sanitizer report, leak,
+# hang (10 s per input) or allocation over 2 GiB stops that target and leaves the reproducer in
+# build-asan/crashes/NAME/ (run `build-asan/tests/fuzz/NAME_fuzz FILE` to replay it); the script
 # then exits 1 after the other targets have run.
 #
-# Needs the Debian packages of scripts/setup.sh (run it once) and clang, which it installs if
-# missing (Debian's clang ships libclang_rt.fuzzer). BUILD_DIR overrides build-fuzz.
+# Installs what it needs (scripts/setup.sh's packages and clang, which ships libclang_rt.fuzzer).
+# BUILD_DIR overrides build-asan.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-BUILD_DIR="${BUILD_DIR:-$ROOT/build-fuzz}"
 TARGETS=(gguf safetensors llama2c llama2c_tokenizer tokenizer_json chat_template openai_request
          spec_grammar cluster_yaml worker_proto)
 
@@ -44,35 +44,14 @@ if [[ ! "$seconds" =~ ^[0-9]+$ ]] || [ "$seconds" -eq 0 ]; then
 fi
 [ ${#selected[@]} -gt 0 ] || selected=("${TARGETS[@]}")
 
-# clang and its libFuzzer runtime.
-PACKAGES=(clang)
-missing=()
-for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "fuzz.sh: installing ${missing[*]}"
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
-
-if [ ! -f "$BUILD_DIR/build.ninja" ]; then
-  # RelWithDebInfo at -O1 without NDEBUG: fast enough to fuzz, assertions checked, readable
-  # stack traces.
-  CC=clang CXX=clang++ cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DSPECINFER_FUZZ=ON \
-    -DSPECINFER_CUDA=OFF -DSPECINFER_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
-    ${CMAKE_ARGS:-}
-fi
+# shellcheck source=sanitizer/env.sh
+. "$ROOT/scripts/sanitizer/env.sh"
+sanitizer_env address,undefined
 build_targets=()
 for t in "${selected[@]}"; do build_targets+=("${t}_fuzz"); done
-cmake --build "$BUILD_DIR" -j "$(nproc)" --target "${build_targets[@]}"
+SPECINFER_BUILD_TARGETS="${build_targets[*]}" "$ROOT/scripts/setup.sh"
 
-export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1}"
-export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
-
+fuzz_start=$SECONDS
 status=0
 rows=()
 for t in "${selected[@]}"; do
@@ -109,4 +88,5 @@ done
 echo
 printf '%-18s %6s %12s %10s %8s %6s %8s\n' target secs executions corpus_files KiB cov crashes
 printf '%s\n' "${rows[@]}"
+[ -z "${SPECINFER_STAGE_LOG:-}" ] || echo "fuzz $((SECONDS - fuzz_start))" >>"$SPECINFER_STAGE_LOG"
 exit "$status"

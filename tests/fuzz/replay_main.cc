@@ -268,6 +268,29 @@ bool RunOne(const uint8_t* data, size_t size, const std::string& label, const Op
 
 }  // namespace
 
+// Which sanitizer this binary is built with: GCC defines __SANITIZE_ADDRESS__ and
+// __SANITIZE_THREAD__; clang 14 (build-asan/) answers only __has_feature.
+#if defined(__SANITIZE_ADDRESS__)
+#define SPECINFER_REPLAY_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SPECINFER_REPLAY_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define SPECINFER_REPLAY_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SPECINFER_REPLAY_TSAN 1
+#endif
+#endif
+#ifndef SPECINFER_REPLAY_ASAN
+#define SPECINFER_REPLAY_ASAN 0
+#endif
+#ifndef SPECINFER_REPLAY_TSAN
+#define SPECINFER_REPLAY_TSAN 0
+#endif
+
 int main(int argc, char** argv) {
   Options o;
   if (!ParseArgs(argc, argv, &o)) return 1;
@@ -277,7 +300,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fuzz replay: no input files\n");
     return 1;
   }
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#if !SPECINFER_REPLAY_ASAN && !SPECINFER_REPLAY_TSAN
   // (The sanitizers reserve terabytes of shadow address space; they are not capped.)
   if (o.memory_limit_mb > 0) {
     const rlim_t bytes = static_cast<rlim_t>(o.memory_limit_mb) << 20;
@@ -285,7 +308,7 @@ int main(int argc, char** argv) {
     setrlimit(RLIMIT_AS, &limit);
   }
 #endif
-#if defined(__SANITIZE_ADDRESS__)
+#if SPECINFER_REPLAY_ASAN
   // ASan handles the fault signals itself (its report is the useful part) and then calls the
   // death callback; an abort (a failed assertion) or a hang is ours.
   for (int sig : {SIGABRT, SIGALRM}) signal(sig, OnFatalSignal);
