@@ -5,14 +5,15 @@
 # decoding (the script exits non-zero otherwise).
 #
 # The Python packages (scripts/requirements-boost.txt: PyTorch, about 5 GB with its CUDA wheels)
-# go into a virtual environment under .venv-boost/ at the repository root, made once and shared
-# by the normal and sanitizer builds. Exits 77 (skipped) when they cannot be installed (no
-# route to PyPI).
+# go into a virtual environment in the user's cache (~/.cache/specinfer/venv-boost, or
+# SPECINFER_BOOST_VENV), made once and shared by the normal and sanitizer builds and by every
+# checkout on the machine (CI's fresh clones too; installing took minutes of each CI run when it
+# lived in the checkout). Exits 77 (skipped) when they cannot be installed (no route to PyPI).
 # Usage: boost_tune_test.sh PATH_TO_SPECINFER   (SPECINFER_SOURCE_DIR set by CTest)
 set -u
 BIN="$1"
 SRC="${SPECINFER_SOURCE_DIR:?}"
-VENV="${SPECINFER_BOOST_VENV:-$SRC/.venv-boost}"
+VENV="${SPECINFER_BOOST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/specinfer/venv-boost}"
 REQ="$SRC/scripts/requirements-boost.txt"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # The official `openai` Python package (pinned, from PyPI) against the real daemon.
 #
-# Creates a virtual environment under the build folder once (reused by later runs), starts
+# Creates a virtual environment in the user's cache once (~/.cache/specinfer/openai-venv, reused
+# by later runs, other build folders and other checkouts), starts
 # `specinfer serve` on a free loopback port with an API key -- on the default model
 # (SmolLM2-135M-Instruct, placed by scripts/fetch_model.sh) if present, else on stories260K with
 # the chatml template -- and runs openai_client_test.py against it. Exits 77 (skipped) when the
 # package cannot be installed (no route to PyPI).
-# Usage: openai_client_test.sh PATH_TO_SPECINFER_SERVER BUILD_DIR   (SPECINFER_SOURCE_DIR set by CTest)
+# Usage: openai_client_test.sh PATH_TO_SPECINFER_SERVER   (SPECINFER_SOURCE_DIR set by CTest)
 set -u
 BIN="$1"
-BUILD="$2"
 SRC="${SPECINFER_SOURCE_DIR:?}"
 OPENAI_VERSION="1.109.1"
-VENV="$BUILD/openai-venv"
+VENV="${XDG_CACHE_HOME:-$HOME/.cache}/specinfer/openai-venv"
 TMP=$(mktemp -d)
 SERVER_PID=""
 cleanup() {
