@@ -19,6 +19,14 @@ sanitizer_env() {
       CMAKE_ARGS+=" -DCMAKE_C_FLAGS_RELWITHDEBINFO=-g -DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-g"
       if [ "$1" = "address,undefined" ]; then
         CMAKE_ARGS+=" -DSPECINFER_FUZZ=ON"
+        # A build-asan/ configured before it was clang's (gcc, no fuzz targets) is not reconfigured
+        # by setup.sh: say so instead of failing later on a missing target.
+        if [ -f "$BUILD_DIR/CMakeCache.txt" ] &&
+          ! grep -q '^SPECINFER_FUZZ:BOOL=ON$' "$BUILD_DIR/CMakeCache.txt"; then
+          echo "sanitizer_env: $BUILD_DIR was configured without SPECINFER_FUZZ (an older gcc" \
+            "ASan tree): remove it and run again" >&2
+          return 2
+        fi
       else
         CMAKE_ARGS+=" -DSPECINFER_SANITIZE=$1"
       fi
