@@ -33,6 +33,19 @@ std::unique_ptr<InferenceServer> StartServer(InferenceServerOptions o) {
   return s.ok() ? std::move(s).value() : nullptr;
 }
 
+// The request counter of /metrics for (endpoint, code) once it reaches `want`, or after 5 s. The
+// server counts a request after writing its response (httplib's logger), so a client can see
+// its answer a moment before the count moves.
+int64_t CountedRequests(InferenceServer& server, std::string_view endpoint, std::string_view code,
+                        int64_t want) {
+  int64_t n = server.metrics().requests(endpoint, code);
+  for (int i = 0; i < 500 && n < want; ++i) {
+    std::this_thread::sleep_for(10ms);
+    n = server.metrics().requests(endpoint, code);
+  }
+  return n;
+}
+
 class HttpServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -590,7 +603,7 @@ TEST(HttpServerLimits, QueueFullIs503) {
   // Served again once the queue drained.
   r = PostSse("127.0.0.1", port, "/v1/completions", R"({"prompt":"x","max_tokens":1})");
   EXPECT_EQ(r.status, 200) << r.body;
-  EXPECT_EQ(server->metrics().requests("/v1/completions", "503"), 1);
+  EXPECT_EQ(CountedRequests(*server, "/v1/completions", "503", 1), 1);
 }
 
 TEST(HttpServerLimits, ApiKey) {
@@ -619,7 +632,7 @@ TEST(HttpServerLimits, ApiKey) {
   auto health = cli.Get("/health");  // probes need no key
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
-  EXPECT_EQ(server->metrics().requests("/v1/completions", "401"), 3);
+  EXPECT_EQ(CountedRequests(*server, "/v1/completions", "401", 3), 3);
 }
 
 TEST(HttpServerLimits, PortInUseIsAnError) {
